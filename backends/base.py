@@ -1,0 +1,84 @@
+"""The interface every backend implements; the server core knows backends only through it.
+
+A ``Backend`` reads a model file and makes ``ModelInstance`` objects. An instance is one
+executable copy of one model version (one ONNX Runtime session, say) and is driven by exactly
+one worker thread, so implementations need no locking of their own. Backends know nothing of
+HTTP, gRPC or the V2 protocol: they take and return numpy arrays keyed by tensor name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from server.generated import model_config_pb2 as mc
+from server.protocol.datatypes import DataType
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model tensor as the model file declares it; -1 marks a variable dimension."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """The inputs and outputs a model file declares, in its own order."""
+
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one instance runs: ``KIND_CPU``, or ``KIND_GPU`` on ``device_id``."""
+
+    kind: int
+    device_id: int = 0
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == mc.ModelInstanceGroup.KIND_GPU
+
+
+class ModelInstance(ABC):
+    """One executable copy of a model version, driven by a single worker thread."""
+
+    @abstractmethod
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Run the model on ``inputs`` (already shaped as the model expects: batch dimension
+        first when the model batches) and return the named outputs. Raise on model faults."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most instances need nothing
+        """Release what the instance holds (sessions, device memory)."""
+
+
+class Backend(ABC):
+    """A kind of model file (ONNX via ONNX Runtime, ...)."""
+
+    #: config ``backend`` value, e.g. "onnxruntime"
+    name: str
+    #: config ``platform`` value, e.g. "onnxruntime_onnx"
+    platform: str
+    #: file looked for in a version folder when the config names none, e.g. "model.onnx"
+    default_model_filename: str
+
+    @abstractmethod
+    def signature(self, model_path: Path) -> ModelSignature:
+        """Read the model's declared inputs and outputs (used to complete a config)."""
+
+    @abstractmethod
+    def load_instance(
+        self, model_path: Path, config: mc.ModelConfig, placement: Placement
+    ) -> ModelInstance:
+        """Load one instance of the model file for ``config`` on ``placement``; raise
+        ``server.errors.ModelLoadError`` with a clear reason when it cannot be done."""

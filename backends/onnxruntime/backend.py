@@ -1,0 +1,215 @@
+"""ONNX Runtime backend: one ``InferenceSession`` per model instance, CPU execution provider.
+
+The CUDA execution provider with IO binding joins through ``Placement`` in the CUDA data path
+issue; until then a KIND_GPU instance is refused at load with a clear error (never a silent CPU
+fallback).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+
+from backends.base import Backend, ModelInstance, ModelSignature, Placement, TensorInfo
+from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
+from server.errors import ModelLoadError
+from server.generated import model_config_pb2 as mc
+from server.protocol import datatypes
+
+log = logging.getLogger(__name__)
+
+# ONNX Runtime NodeArg.type -> V2 datatype name
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(string)": "BYTES",
+}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16; onnx itself is not a runtime dependency
+_GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+
+
+def _tensor_info(arg: ort.NodeArg, model: str) -> TensorInfo:
+    type_name = _ORT_TYPES.get(arg.type)
+    if type_name is None:
+        raise ModelLoadError(
+            f"unable to load model '{model}': tensor '{arg.name}' has unsupported type {arg.type}"
+        )
+    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in arg.shape or ())
+    return TensorInfo(arg.name, datatypes.BY_NAME[type_name], shape)
+
+
+class OnnxRuntimeBackend(Backend):
+    """Loads ``model.onnx`` files; knobs from config ``parameters`` as Triton's ORT backend."""
+
+    name = "onnxruntime"
+    platform = "onnxruntime_onnx"
+    default_model_filename = "model.onnx"
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        """``options`` are ``--backend-config=onnxruntime,<key>=<value>`` settings."""
+        self._options = dict(options or {})
+
+    def signature(self, model_path: Path) -> ModelSignature:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = self._session(model_path, options, model_path.parent.parent.name)
+        model = model_path.parent.parent.name
+        return ModelSignature(
+            tuple(_tensor_info(arg, model) for arg in session.get_inputs()),
+            tuple(_tensor_info(arg, model) for arg in session.get_outputs()),
+        )
+
+    def load_instance(
+        self, model_path: Path, config: mc.ModelConfig, placement: Placement
+    ) -> ModelInstance:
+        if placement.is_gpu:
+            raise ModelLoadError(
+                f"unable to load model '{config.name}': instance group KIND_GPU needs a CUDA "
+                "device and the CUDA execution provider, which this server does not have"
+            )
+        session = self._session(model_path, self._session_options(config), config.name)
+        signature = ModelSignature(
+            tuple(_tensor_info(arg, config.name) for arg in session.get_inputs()),
+            tuple(_tensor_info(arg, config.name) for arg in session.get_outputs()),
+        )
+        _check_config_matches(config, signature)
+        return OnnxRuntimeInstance(session, signature)
+
+    def _session(
+        self, model_path: Path, options: ort.SessionOptions, model: str
+    ) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
+            raise ModelLoadError(f"unable to load model '{model}': {exc}") from exc
+
+    def _session_options(self, config: mc.ModelConfig) -> ort.SessionOptions:
+        params = {key: value.string_value for key, value in config.parameters.items()}
+        merged = {**self._options, **params}
+        options = ort.SessionOptions()
+        try:
+            if "intra_op_thread_count" in merged:
+                options.intra_op_num_threads = int(merged["intra_op_thread_count"])
+            if "inter_op_thread_count" in merged:
+                options.inter_op_num_threads = int(merged["inter_op_thread_count"])
+            if merged.get("execution_mode") == "1":
+                options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+            if "enable_mem_arena" in merged:
+                options.enable_cpu_mem_arena = merged["enable_mem_arena"] not in ("0", "false")
+            if "enable_mem_pattern" in merged:
+                options.enable_mem_pattern = merged["enable_mem_pattern"] not in ("0", "false")
+        except ValueError as exc:
+            raise ModelLoadError(f"invalid ONNX Runtime parameter for '{config.name}': {exc}")
+        if config.optimization.HasField("graph"):
+            level = config.optimization.graph.level
+            options.graph_optimization_level = _GRAPH_LEVELS.get(
+                level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            )
+        return options
+
+
+def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> None:
+    """Refuse a config whose tensors the ONNX file does not have, or has with other types."""
+    for kind, declared, actual in (
+        ("input", config.input, signature.inputs),
+        ("output", config.output, signature.outputs),
+    ):
+        by_name = {info.name: info for info in actual}
+        for tensor in declared:
+            info = by_name.get(tensor.name)
+            if info is None:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': configuration expects {kind} "
+                    f"'{tensor.name}' but the model has {sorted(by_name)}"
+                )
+            expected = datatypes.from_config_name(mc.DataType.Name(tensor.data_type))
+            if expected is not info.datatype:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': {kind} '{tensor.name}' has datatype "
+                    f"{info.datatype.config_name} in the model but {expected.config_name} in "
+                    "the configuration"
+                )
+    declared_inputs = {tensor.name for tensor in config.input}
+    for info in signature.inputs:
+        if info.name not in declared_inputs:
+            raise ModelLoadError(
+                f"unable to load model '{config.name}': model input '{info.name}' is missing "
+                "from the configuration"
+            )
+
+
+class OnnxRuntimeInstance(ModelInstance):
+    """One session; BYTES go through the reversible string mapping, BF16 through OrtValues."""
+
+    def __init__(self, session: ort.InferenceSession, signature: ModelSignature) -> None:
+        self._session = session
+        self._bf16_outputs = {
+            info.name for info in signature.outputs if info.datatype.name == "BF16"
+        }
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        names = list(output_names)
+        feeds: dict[str, np.ndarray] = {}
+        has_bf16 = bool(self._bf16_outputs.intersection(names))
+        for name, array in inputs.items():
+            if array.dtype == object:
+                feeds[name] = bytes_to_strings(array)
+            else:
+                has_bf16 = has_bf16 or array.dtype == _BF16
+                feeds[name] = array
+        if has_bf16:
+            results = self._run_ort_values(feeds, names)
+        else:
+            results = self._session.run(names, feeds)
+        return {
+            name: strings_to_bytes(value) if value.dtype == object else value
+            for name, value in zip(names, results)
+        }
+
+    def _run_ort_values(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+        """ONNX Runtime's numpy bridge has no bfloat16: go through OrtValues for it."""
+        values = {
+            name: (
+                ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(array), _ONNX_BFLOAT16
+                )
+                if array.dtype == _BF16
+                else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+            )
+            for name, array in feeds.items()
+        }
+        outputs = self._session.run_with_ort_values(names, values)
+        results = []
+        for name, value in zip(names, outputs):
+            if name in self._bf16_outputs:
+                raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+                results.append(np.frombuffer(raw, dtype=_BF16).reshape(value.shape()))
+            else:
+                results.append(value.numpy())
+        return results

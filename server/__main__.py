@@ -1,0 +1,8 @@
+"""``python -m server``: the same as the ``tensorgate`` command."""
+
+import sys
+
+from server.app import main
+
+if __name__ == "__main__":
+    sys.exit(main())

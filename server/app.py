@@ -1,0 +1,104 @@
+"""Builds the parts, loads the models, serves HTTP until SIGINT/SIGTERM, then stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from backends.onnxruntime.backend import OnnxRuntimeBackend
+from server.cli import parse_settings
+from server.dataplane import DataPlane
+from server.errors import InferenceServerError
+from server.http.server import make_app
+from server.memory.host_pool import HostBufferPool
+from server.repository.manager import ModelRepository
+from server.settings import Settings
+
+log = logging.getLogger("server")
+
+_CHUNK_SIZE = 1 << 20  # read the socket in 1 MiB pieces: fewer data_received calls
+_IDLE_TIMEOUT_SECS = 300  # Tornado's default keeps an idle keep-alive connection for an hour
+
+
+def _configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
+        stream=sys.stderr,
+    )
+    if settings.log_verbose == 0:
+        logging.getLogger("tornado.access").setLevel(logging.WARNING)
+
+
+def _model_table(repository: ModelRepository) -> None:
+    for name, model in sorted(repository.models.items()):
+        if model.reason:
+            log.info("model %s: UNAVAILABLE: %s", name, model.reason)
+        for version, served in sorted(model.versions.items()):
+            status = served.state.value + (f": {served.reason}" if served.reason else "")
+            log.info("model %s version %d: %s", name, version, status)
+
+
+async def serve(settings: Settings) -> int:
+    """Run the server until a stop signal; the process exit code."""
+    backend = OnnxRuntimeBackend(settings.backend_config.get("onnxruntime"))
+    repository = ModelRepository(settings, {backend.name: backend})
+    try:
+        await repository.load_all()
+    except InferenceServerError as exc:
+        log.error("error: %s", exc.message)
+        return 1
+    _model_table(repository)
+    if repository.failed_models() and settings.exit_on_error:
+        log.error("error: failed to load all models; exiting (--exit-on-error=true)")
+        repository.close()
+        return 1
+
+    dataplane = DataPlane(settings, repository)
+    pool = HostBufferPool()
+    http_server: HTTPServer | None = None
+    if settings.allow_http:
+        http_server = HTTPServer(
+            make_app(dataplane, settings, pool),
+            max_body_size=settings.http_max_input_size,
+            chunk_size=_CHUNK_SIZE,
+            idle_connection_timeout=_IDLE_TIMEOUT_SECS,
+        )
+        sockets = bind_sockets(settings.http_port, settings.http_address)
+        http_server.add_sockets(sockets)
+        port = sockets[0].getsockname()[1]
+        log.info("Started HTTPService at %s:%d", settings.http_address, port)
+    dataplane.set_live(True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+    log.info("stopping: signal received")
+    dataplane.set_live(False)
+    if http_server is not None:
+        http_server.stop()
+        try:
+            await asyncio.wait_for(
+                http_server.close_all_connections(), timeout=settings.exit_timeout_secs
+            )
+        except asyncio.TimeoutError:
+            log.warning("connections still open after %d s", settings.exit_timeout_secs)
+    repository.close()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: ``tensorgate --model-repository=PATH ...``."""
+    settings = parse_settings(argv)
+    _configure_logging(settings)
+    return asyncio.run(serve(settings))

@@ -1,0 +1,129 @@
+"""tritonserver-compatible command line: a Triton launch line works unchanged.
+
+Flags take tritonserver's names and value forms: ``--flag value`` and ``--flag=value`` both
+parse, booleans are ``true|false`` values (a bare boolean flag means true).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, Settings
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_bool(text: str) -> bool:
+    """Parse a tritonserver boolean value."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value {text!r}: use true or false")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range [0, 65535]")
+    return port
+
+
+def _backend_config(text: str) -> tuple[str, str, str]:
+    backend, sep, setting = text.partition(",")
+    key, eq, value = setting.partition("=")
+    if not sep or not eq or not backend or not key:
+        raise argparse.ArgumentTypeError(
+            f"invalid --backend-config {text!r}: expected <backend>,<key>=<value>"
+        )
+    return backend, key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorgate",
+        description=(
+            "CUDA-first inference server speaking the KServe V2 / Triton protocols. "
+            "Serves a Triton-style model repository of ONNX models."
+        ),
+        allow_abbrev=False,
+    )
+    flag = parser.add_argument
+
+    def bool_flag(name: str, default: bool, help_text: str) -> None:
+        flag(name, type=parse_bool, nargs="?", const=True, default=default,
+             metavar="true|false", help=f"{help_text} (default: {str(default).lower()})")
+
+    flag("--model-repository", "--model-store", dest="model_repository", action="append",
+         required=True, metavar="PATH",
+         help="Model repository folder; repeat for several (required)")
+    flag("--id", dest="server_id", default="triton", metavar="NAME",
+         help="Server name reported by server metadata (default: triton)")
+    bool_flag("--allow-http", True, "Serve the HTTP/REST endpoint")
+    flag("--http-address", default="0.0.0.0", metavar="ADDR",
+         help="HTTP listen address (default: 0.0.0.0)")
+    flag("--http-port", type=_port, default=8000, metavar="PORT",
+         help="HTTP port; 0 picks a free port and logs it (default: 8000)")
+    flag("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE,
+         metavar="BYTES",
+         help="Largest HTTP request body, also after decompression (default: 67108864)")
+    bool_flag("--allow-grpc", True, "Serve the gRPC endpoint (not served yet: gRPC issue)")
+    flag("--grpc-address", default="0.0.0.0", metavar="ADDR",
+         help="gRPC listen address (default: 0.0.0.0)")
+    flag("--grpc-port", type=_port, default=8001, metavar="PORT",
+         help="gRPC port (accepted; the gRPC service is not served yet) (default: 8001)")
+    bool_flag("--allow-metrics", True, "Serve Prometheus metrics (not served yet)")
+    flag("--metrics-address", default=None, metavar="ADDR",
+         help="Metrics listen address (default: the HTTP address)")
+    flag("--metrics-port", type=_port, default=8002, metavar="PORT",
+         help="Metrics port (accepted; metrics are not served yet) (default: 8002)")
+    bool_flag("--exit-on-error", True, "Exit when a model fails to load at start")
+    bool_flag("--strict-readiness", True,
+              "Ready only when every model is ready; false: ready when the server is up")
+    flag("--disable-auto-complete-config", action="store_true",
+         help="Do not complete missing config fields from the ONNX file")
+    flag("--exit-timeout-secs", type=int, default=30, metavar="SECS",
+         help="Seconds to finish in-flight requests on shutdown (default: 30)")
+    flag("--backend-config", type=_backend_config, action="append", default=[],
+         metavar="BACKEND,KEY=VALUE",
+         help="Backend setting, e.g. onnxruntime,default-max-batch-size=8")
+    flag("--log-verbose", type=int, default=0, metavar="N",
+         help="Verbose logging level; 0 is off (default: 0)")
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    """Parse the command line into ``Settings``; exits with a message on bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.http_max_input_size <= 0:
+        parser.exit(1, "Error: --http-max-input-size must be greater than 0.\n")
+    backend_config: dict[str, dict[str, str]] = {}
+    for backend, key, value in args.backend_config:
+        backend_config.setdefault(backend, {})[key] = value
+    return Settings(
+        model_repositories=tuple(args.model_repository),
+        server_id=args.server_id,
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address or args.http_address,
+        metrics_port=args.metrics_port,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        disable_auto_complete_config=args.disable_auto_complete_config,
+        exit_timeout_secs=args.exit_timeout_secs,
+        log_verbose=args.log_verbose,
+        backend_config=backend_config,
+    )

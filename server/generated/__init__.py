@@ -1,0 +1,1 @@
+"""Generated protobuf modules; regenerate with scripts/gen_protos.py, never edit."""

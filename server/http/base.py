@@ -1,0 +1,85 @@
+"""Shared handler behaviour: every non-200 answer is ``{"error": "<message>"}`` JSON, with the
+status taken from the error hierarchy's one table."""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Any
+
+import orjson
+import tornado.web
+
+from server.dataplane import DataPlane
+from server.errors import InferenceServerError, InternalError
+from server.settings import Settings
+
+log = logging.getLogger("server.http")
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType]
+
+
+class BaseHandler(tornado.web.RequestHandler):
+    """Gives handlers the data plane and settings, and writes errors as Triton does."""
+
+    dataplane: DataPlane
+    settings_: Settings
+
+    def initialize(self, dataplane: DataPlane, settings: Settings, **_: Any) -> None:
+        self.dataplane = dataplane
+        self.settings_ = settings
+
+    def set_default_headers(self) -> None:
+        self.clear_header("Server")
+
+    def write_json(self, body: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+
+    def send_server_error(self, error: InferenceServerError) -> None:
+        """Answer with ``error``'s status and message (when nothing has been sent yet)."""
+        if self._finished:
+            return
+        if self._headers_written:
+            # Too late for a status: end the connection so the client sees a broken response.
+            self.request.connection.close()  # type: ignore[union-attr]
+            return
+        self.clear()
+        self.set_status(error.http_status)
+        self.write_json({"error": error.message})
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc_info: ExcInfo | None = kwargs.get("exc_info")
+        error = exc_info[1] if exc_info else None
+        if isinstance(error, InferenceServerError):
+            self.set_status(error.http_status)
+            message = error.message
+        elif isinstance(error, tornado.web.HTTPError) and error.log_message and status_code < 500:
+            message = error.log_message % error.args if error.args else error.log_message
+        else:
+            message = self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(orjson.dumps({"error": message}))
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(value, InferenceServerError) and not isinstance(value, InternalError):
+            return  # a client's mistake, answered with 4xx: not a server fault
+        if isinstance(value, tornado.web.HTTPError) and value.status_code < 500:
+            return
+        log.error(
+            "internal error on %s %s", self.request.method, self.request.uri,
+            exc_info=(typ, value, tb) if typ and value else None,
+        )
+
+
+class NotFoundHandler(BaseHandler):
+    """Every path no route matches: 404 ``{"error": "Not Found"}``, whatever the method."""
+
+    def prepare(self) -> None:
+        self.set_status(404)
+        self.write_json({"error": "Not Found"})

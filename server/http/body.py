@@ -1,0 +1,159 @@
+"""Receiving a request body into one pooled buffer, and request/response compression.
+
+The body is copied once, chunk by chunk, into a buffer sized from ``Content-Length`` before
+reading starts (chunked bodies grow in size classes). Limits are checked before the bytes are
+kept, and again after decompression.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from server.errors import InvalidArgument, Unsupported
+from server.memory.host_pool import HostBuffer, HostBufferPool
+
+MAX_CHUNKS = 65536  # Triton's limit on non-empty chunks of a chunked body
+_INITIAL_CHUNKED = 1 << 16
+_ENCODINGS = ("gzip", "deflate")
+
+
+def too_large(size: int, limit: int, binary: bool) -> InvalidArgument:
+    """Triton's texts for a body over ``--http-max-input-size``."""
+    if binary:
+        return InvalidArgument(
+            f"request body of {size} bytes exceeds the maximum allowed value of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit."
+        )
+    return InvalidArgument(
+        f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+def parse_content_encoding(value: str | None) -> str | None:
+    """The request's compression (gzip/deflate), None for identity; 501 for anything else."""
+    if value is None:
+        return None
+    encoding = value.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in _ENCODINGS:
+        return encoding
+    raise Unsupported("Unsupported compression type")
+
+
+def parse_content_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidArgument(f"invalid Content-Length: {value!r}")
+    return int(text)
+
+
+class BodyReceiver:
+    """Accumulates a request body in a pooled buffer, enforcing the size and chunk limits."""
+
+    def __init__(self, pool: HostBufferPool, limit: int, content_length: int | None) -> None:
+        self._pool = pool
+        self._limit = limit
+        self._fixed = content_length is not None
+        self._buffer: HostBuffer | None = pool.acquire(
+            content_length if content_length is not None else _INITIAL_CHUNKED
+        )
+        self.received = 0
+        self.chunks = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Copy one chunk in (the one host copy of the body)."""
+        buffer = self._require()
+        size = len(chunk)
+        if not size:
+            return
+        self.chunks += 1
+        end = self.received + size
+        if not self._fixed:
+            if self.chunks > MAX_CHUNKS:
+                raise InvalidArgument(
+                    f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                    "Send fewer or larger HTTP chunks."
+                )
+            if end > self._limit:
+                raise too_large(end, self._limit, binary=False)
+            if end > buffer.capacity:
+                buffer = self._grow(end)
+        if end > len(buffer.view):
+            buffer.resize(end)  # chunked: the view follows the data
+        buffer.view[self.received : end] = chunk
+        self.received = end
+
+    def _grow(self, needed: int) -> HostBuffer:
+        old = self._require()
+        new = self._pool.acquire(max(needed, 2 * old.capacity))
+        new.view[: self.received] = old.view[: self.received]
+        old.release()
+        self._buffer = new
+        return new
+
+    def _require(self) -> HostBuffer:
+        if self._buffer is None:
+            raise RuntimeError("body buffer used after release")
+        return self._buffer
+
+    def body(self) -> memoryview:
+        return self._require().view[: self.received]
+
+    def release(self) -> None:
+        if self._buffer is not None:
+            self._buffer.release()
+            self._buffer = None
+
+
+def decompress(data: memoryview, encoding: str, limit: int) -> bytes:
+    """Inflate a gzip or zlib/deflate body, refusing output beyond ``limit`` bytes."""
+    # 32 + MAX_WBITS accepts both gzip and zlib headers; raw deflate is tried if that fails.
+    for wbits in (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(data, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise too_large(len(out) + len(inflater.unconsumed_tail), limit, binary=False)
+        if not inflater.eof:
+            raise InvalidArgument(f"truncated {encoding} request body")
+        return out
+    raise InvalidArgument(f"unable to decompress the {encoding} request body")
+
+
+def choose_response_encoding(accept: str | None) -> str | None:
+    """gzip or deflate when ``Accept-Encoding`` asks for one with q > 0 (gzip on a tie)."""
+    if not accept:
+        return None
+    best: tuple[float, int, str] | None = None
+    for item in accept.split(","):
+        token, _, params = item.strip().partition(";")
+        token = token.strip().lower()
+        if token not in _ENCODINGS:
+            continue
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                continue
+        if q <= 0:
+            continue
+        rank = (q, 1 if token == "gzip" else 0, token)
+        if best is None or rank > best:
+            best = rank
+    return best[2] if best else None
+
+
+def compress(parts: list[memoryview | bytes], encoding: str) -> bytes:
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    deflater = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    out = [deflater.compress(part) for part in parts]
+    out.append(deflater.flush())
+    return b"".join(out)

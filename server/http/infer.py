@@ -1,0 +1,135 @@
+"""``POST /v2/models/{m}[/versions/{v}]/infer``: streamed body in, JSON + binary out.
+
+``prepare`` sizes a pooled buffer from the headers (refusing oversize bodies before reading
+them), ``data_received`` copies each chunk into it, ``post`` decodes, runs and writes the
+response. Binary outputs are written as memoryviews after the JSON header, never joined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.web
+
+from server.errors import InferenceServerError, to_server_error
+from server.http import body as http_body
+from server.http.base import BaseHandler
+from server.memory.host_pool import HostBufferPool
+from server.protocol import binary, rest_codec
+from server.protocol.types import InferRequest
+
+_SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
+
+
+@tornado.web.stream_request_body
+class InferHandler(BaseHandler):
+    SUPPORTED_METHODS = ("POST",)
+
+    pool: HostBufferPool
+
+    def initialize(self, pool: HostBufferPool, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(**kwargs)
+        self.pool = pool
+        self._receiver: http_body.BodyReceiver | None = None
+        self._refusal: InferenceServerError | None = None
+        self._in_post = False
+
+    def prepare(self) -> None:
+        headers = self.request.headers
+        try:
+            self._encoding = http_body.parse_content_encoding(headers.get("Content-Encoding"))
+            length = http_body.parse_content_length(headers.get("Content-Length"))
+            limit = self.settings_.http_max_input_size
+            if length is not None and length > limit:
+                is_binary = headers.get("Inference-Header-Content-Length") is not None
+                raise http_body.too_large(length, limit, binary=is_binary)
+        except InferenceServerError as exc:
+            if exc.http_status == 501:
+                self.set_header("Accept-Encoding", "gzip, deflate")
+            self.send_server_error(exc)
+            return
+        self._receiver = http_body.BodyReceiver(self.pool, limit, length)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._receiver is None or self._refusal is not None:
+            return
+        try:
+            self._receiver.feed(chunk)
+        except InferenceServerError as exc:
+            # Keep draining the connection; post() answers with the refusal.
+            self._refusal = exc
+            self._release()
+
+    async def post(self, model: str, version: str | None) -> None:
+        self._in_post = True
+        try:
+            if self._refusal is not None:
+                raise self._refusal
+            await self._infer(model, version or "")
+        except Exception as exc:  # every failure becomes one {"error": ...} answer
+            error = to_server_error(exc)
+            if not isinstance(exc, InferenceServerError):
+                self.log_exception(type(exc), exc, exc.__traceback__)
+            self.send_server_error(error)
+        finally:
+            self._release()
+
+    async def _infer(self, model: str, version: str) -> None:
+        assert self._receiver is not None
+        body: memoryview | bytes = self._receiver.body()
+        if self._encoding is not None:
+            body = memoryview(
+                http_body.decompress(body, self._encoding, self.settings_.http_max_input_size)
+            )
+        body = memoryview(body)
+        header_length = binary.parse_header_length(
+            self.request.headers.get("Inference-Header-Content-Length"), len(body)
+        )
+        request = self._decode(body, header_length, model, version)
+        response = await self.dataplane.infer(request)
+        encoded = rest_codec.encode_response(response, request)
+        await self._write_response(encoded)
+
+    def _decode(
+        self, body: memoryview, header_length: int | None, model: str, version: str
+    ) -> InferRequest:
+        if header_length == 0:
+            config = self.dataplane.model_config(model, version)
+            return rest_codec.decode_raw_request(body, config, version)
+        split = len(body) if header_length is None else header_length
+        header = rest_codec.parse_json(body[:split], "inference request")
+        return rest_codec.decode_request(header, body[split:], model, version)
+
+    async def _write_response(self, encoded: rest_codec.EncodedResponse) -> None:
+        if encoded.binary:
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Inference-Header-Content-Length", str(len(encoded.header)))
+        else:
+            self.set_header("Content-Type", "application/json")
+        parts: list[memoryview | bytes] = [encoded.header, *encoded.blobs]
+        compression = http_body.choose_response_encoding(self.request.headers.get("Accept-Encoding"))
+        if compression is not None:
+            self.set_header("Content-Encoding", compression)
+            self.finish(http_body.compress(parts, compression))
+            return
+        if encoded.size <= _SMALL_RESPONSE:
+            self.finish(b"".join(parts))
+            return
+        self.set_header("Content-Length", str(encoded.size))
+        self.write(encoded.header)
+        await self.flush()
+        connection = self.request.connection
+        assert connection is not None
+        for blob in encoded.blobs:
+            # The blob must stay unchanged until the write completes: hence the await.
+            await connection.write(blob)  # type: ignore[arg-type]
+        self.finish()
+
+    def on_connection_close(self) -> None:
+        if not self._in_post:
+            self._release()
+
+    def _release(self) -> None:
+        if self._receiver is not None:
+            self._receiver.release()
+            self._receiver = None

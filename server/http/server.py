@@ -1,0 +1,40 @@
+"""The HTTP/REST application: routes as Triton's regexes (triton-facts §1.1)."""
+
+from __future__ import annotations
+
+import tornado.web
+
+from server.dataplane import DataPlane
+from server.http.base import NotFoundHandler
+from server.http.infer import InferHandler
+from server.http.metadata import (
+    LiveHandler,
+    ModelConfigHandler,
+    ModelMetadataHandler,
+    ModelReadyHandler,
+    ReadyHandler,
+    ServerMetadataHandler,
+)
+from server.memory.host_pool import HostBufferPool
+from server.settings import Settings
+
+_MODEL = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+
+
+def make_app(dataplane: DataPlane, settings: Settings, pool: HostBufferPool) -> tornado.web.Application:
+    """Build the Tornado application; unknown paths are 404 and wrong methods 405, as JSON."""
+    common = {"dataplane": dataplane, "settings": settings}
+    return tornado.web.Application(
+        [
+            (r"/v2/health/live", LiveHandler, common),
+            (r"/v2/health/ready", ReadyHandler, common),
+            (r"/v2", ServerMetadataHandler, common),
+            (_MODEL + r"/ready", ModelReadyHandler, common),
+            (_MODEL + r"/config", ModelConfigHandler, common),
+            (_MODEL + r"/infer", InferHandler, {**common, "pool": pool}),
+            (_MODEL, ModelMetadataHandler, common),
+        ],
+        default_handler_class=NotFoundHandler,
+        default_handler_args=common,
+        compress_response=False,
+    )

@@ -1,0 +1,107 @@
+"""The binary tensor data extension: tensor bytes after the JSON header, and BYTES framing.
+
+Binary inputs become numpy views of the request buffer, never copies. BYTES tensors are framed
+as ``<uint32 little-endian length><bytes>`` per element, on HTTP and in gRPC raw contents alike.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from server.errors import InvalidArgument
+from server.protocol.datatypes import DataType
+
+_LENGTH = struct.Struct("<I")
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    """prod(shape) with Python ints, so absurd shapes cannot overflow silently."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def deserialize_bytes(view: memoryview, count: int, name: str, model: str) -> np.ndarray:
+    """Split length-prefixed BYTES elements into an object array of ``bytes``."""
+    out = np.empty(count, dtype=object)
+    offset = 0
+    size = len(view)
+    index = 0
+    while offset < size:
+        if offset + 4 > size:
+            raise InvalidArgument(
+                f"unexpected end of BYTES data for inference input '{name}' for model '{model}'"
+            )
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > size:
+            raise InvalidArgument(
+                f"BYTES element {index} of inference input '{name}' for model '{model}' "
+                f"claims {length} bytes but only {size - offset} remain"
+            )
+        if index >= count:
+            raise InvalidArgument(
+                f"unexpected number of string elements {index + 1} for inference input "
+                f"'{name}' for model '{model}', expecting {count}"
+            )
+        out[index] = bytes(view[offset : offset + length])
+        offset += length
+        index += 1
+    if index != count:
+        raise InvalidArgument(
+            f"expected {count} string elements for inference input '{name}' for model "
+            f"'{model}', got {index}"
+        )
+    return out
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Length-prefix every element of a BYTES array (str elements are UTF-8 encoded)."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def tensor_from_bytes(
+    view: memoryview, datatype: DataType, shape: tuple[int, ...], name: str, model: str
+) -> np.ndarray:
+    """A tensor of ``shape`` over ``view``: a zero-copy view, or parsed BYTES elements."""
+    count = element_count(shape)
+    if datatype.is_bytes:
+        return deserialize_bytes(view, count, name, model).reshape(shape)
+    expected = count * datatype.itemsize
+    if expected != len(view):
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model}'. "
+            f"Expected {expected}, got {len(view)}"
+        )
+    return np.frombuffer(view, dtype=datatype.dtype).reshape(shape)
+
+
+def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> memoryview:
+    """The wire bytes of an output: a view of a contiguous array, or framed BYTES."""
+    if datatype.is_bytes:
+        return memoryview(serialize_bytes(array))
+    contiguous = np.ascontiguousarray(array)
+    return memoryview(contiguous.reshape(-1).view(np.uint8))
+
+
+def parse_header_length(value: str | None, content_length: int) -> int | None:
+    """Validate ``Inference-Header-Content-Length``; None when absent (all JSON)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or not text.isascii():
+        raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {value}")
+    length = int(text)
+    if length > content_length:
+        raise InvalidArgument(
+            f"inference header size should be in range (0, {content_length}), got: {length}"
+        )
+    return length

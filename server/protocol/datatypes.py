@@ -1,0 +1,86 @@
+"""The V2 datatypes and their numpy, model-config and byte-size equivalents.
+
+One table, used by every codec: V2 name (``"FP32"``), numpy dtype, config enum name
+(``"TYPE_FP32"``). BYTES is a numpy object array of ``bytes``; BF16 uses ``ml_dtypes.bfloat16``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from server.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class DataType:
+    """One V2 datatype."""
+
+    name: str  # V2 protocol name, e.g. "FP32"
+    config_name: str  # model config enum name, e.g. "TYPE_FP32"
+    dtype: np.dtype  # numpy dtype of a decoded tensor (object for BYTES)
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.name == "BYTES"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element on the wire; 0 for BYTES, whose elements vary in size."""
+        return 0 if self.is_bytes else self.dtype.itemsize
+
+
+def _dt(name: str, config_name: str, dtype: np.dtype | type) -> DataType:
+    return DataType(name, config_name, np.dtype(dtype))
+
+
+_ALL = (
+    _dt("BOOL", "TYPE_BOOL", np.bool_),
+    _dt("UINT8", "TYPE_UINT8", np.uint8),
+    _dt("UINT16", "TYPE_UINT16", np.uint16),
+    _dt("UINT32", "TYPE_UINT32", np.uint32),
+    _dt("UINT64", "TYPE_UINT64", np.uint64),
+    _dt("INT8", "TYPE_INT8", np.int8),
+    _dt("INT16", "TYPE_INT16", np.int16),
+    _dt("INT32", "TYPE_INT32", np.int32),
+    _dt("INT64", "TYPE_INT64", np.int64),
+    _dt("FP16", "TYPE_FP16", np.float16),
+    _dt("FP32", "TYPE_FP32", np.float32),
+    _dt("FP64", "TYPE_FP64", np.float64),
+    _dt("BF16", "TYPE_BF16", ml_dtypes.bfloat16),
+    _dt("BYTES", "TYPE_STRING", np.object_),
+)
+
+BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
+BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
+# Little-endian numpy dtypes; BYTES (object) is handled by the BYTES codec, not by dtype.
+_BY_DTYPE: dict[np.dtype, DataType] = {d.dtype: d for d in _ALL if not d.is_bytes}
+
+
+def from_name(name: object) -> DataType:
+    """The datatype for a V2 name; a 400 naming the value when it is not one."""
+    if isinstance(name, str):
+        found = BY_NAME.get(name)
+        if found is not None:
+            return found
+    raise InvalidArgument(f"invalid datatype {name!r}: expected one of {', '.join(BY_NAME)}")
+
+
+def from_config_name(config_name: str) -> DataType:
+    """The datatype for a model-config ``TYPE_*`` name (TYPE_STRING is BYTES)."""
+    found = BY_CONFIG_NAME.get(config_name)
+    if found is None:
+        raise InvalidArgument(f"unsupported model config datatype {config_name}")
+    return found
+
+
+def from_numpy(dtype: np.dtype) -> DataType:
+    """The datatype of a numpy array (object and str arrays are BYTES)."""
+    if dtype.kind in ("O", "S", "U"):
+        return BY_NAME["BYTES"]
+    found = _BY_DTYPE.get(dtype.newbyteorder("=") if dtype.byteorder == ">" else dtype)
+    if found is None:
+        raise InvalidArgument(f"numpy dtype {dtype} has no V2 datatype")
+    return found

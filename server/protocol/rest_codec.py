@@ -1,0 +1,265 @@
+"""The V2 REST wire format: JSON inference header plus binary tensor data, both directions.
+
+Sans-I/O: the HTTP handler hands over the parsed JSON header and a memoryview of the binary
+part of the body; binary inputs become numpy views of that memoryview. Responses come back as
+JSON header bytes plus a list of memoryviews to write after it, never joined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from server.errors import InvalidArgument, Unsupported
+from server.generated import model_config_pb2 as mc
+from server.protocol import datatypes, json_codec
+from server.protocol.binary import element_count, tensor_from_bytes, tensor_to_bytes
+from server.protocol.datatypes import DataType
+from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+
+_RESERVED_PREFIX = "triton_"
+
+
+@dataclass
+class EncodedResponse:
+    """A response ready to write: JSON header, then ``blobs`` in order (binary outputs)."""
+
+    header: bytes
+    blobs: list[memoryview]
+
+    @property
+    def binary(self) -> bool:
+        return bool(self.blobs)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(blob.nbytes for blob in self.blobs)
+
+
+def parse_json(data: bytes | memoryview, what: str = "request") -> Any:
+    """Parse JSON text, with a 400 naming what was being parsed."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the {what} JSON: {exc}") from None
+
+
+def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise InvalidArgument(f"Unable to parse '{key}' of {what}: expected {names}")
+    return value
+
+
+def _parameters(obj: dict[str, Any], what: str) -> dict[str, Any]:
+    if "parameters" not in obj:
+        return {}
+    params = obj["parameters"]
+    if not isinstance(params, dict):
+        raise InvalidArgument(f"Unable to parse 'parameters' of {what}: expected an object")
+    return params
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        type(dim) is int and dim >= 0 for dim in value
+    ):
+        raise InvalidArgument(
+            f"Unable to parse 'shape' of input '{name}': expected an array of non-negative "
+            "integers"
+        )
+    return tuple(value)
+
+
+def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
+    params = _parameters(header, "the request")
+    for key in params:
+        if key.startswith(_RESERVED_PREFIX):
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                "not be specified."
+            )
+    if "binary_data_output" in params and not isinstance(params["binary_data_output"], bool):
+        raise InvalidArgument("Unable to parse 'binary_data_output': expected a boolean")
+    return params
+
+
+def decode_request(
+    header: Any, binary: memoryview, model_name: str, model_version: str
+) -> InferRequest:
+    """Build an ``InferRequest`` from the JSON header and the binary part of the body."""
+    if not isinstance(header, dict):
+        raise InvalidArgument("the inference request must be a JSON object")
+    if "inputs" not in header:
+        raise InvalidArgument("missing 'inputs' in the inference request")
+    raw_inputs = _field(header, "inputs", list, "the request")
+    params = _request_parameters(header)
+    request_id = _field(header, "id", str, "the request") if "id" in header else None
+    inputs: list[InputTensor] = []
+    offset = 0
+    for raw in raw_inputs:
+        tensor, offset = _decode_input(raw, binary, offset, model_name)
+        inputs.append(tensor)
+    if offset != len(binary):
+        raise InvalidArgument(
+            f"unexpected additional input data for model '{model_name}': {len(binary) - offset} "
+            "bytes after the last binary input"
+        )
+    outputs = _decode_outputs(header) if "outputs" in header else None
+    return InferRequest(model_name, model_version, inputs, outputs, request_id, params)
+
+
+def _decode_input(
+    raw: Any, binary: memoryview, offset: int, model: str
+) -> tuple[InputTensor, int]:
+    if not isinstance(raw, dict):
+        raise InvalidArgument("each element of 'inputs' must be a JSON object")
+    for key in ("name", "shape", "datatype"):
+        if key not in raw:
+            raise InvalidArgument(f"missing '{key}' in an input of the inference request")
+    name = _field(raw, "name", str, "an input")
+    shape = _shape(raw["shape"], name)
+    datatype = datatypes.from_name(raw["datatype"])
+    params = _parameters(raw, f"input '{name}'")
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if type(size) is not int or size < 0:
+            raise InvalidArgument(
+                f"Unable to parse 'binary_data_size' of input '{name}': expected a non-negative "
+                "integer"
+            )
+        if offset + size > len(binary):
+            if not binary:
+                raise InvalidArgument(
+                    "must specify valid 'Infer-Header-Content-Length' in request header and "
+                    "'binary_data_size' when passing inputs in binary data format"
+                )
+            raise InvalidArgument(
+                f"unexpected size for input '{name}', expecting {size} additional bytes for "
+                f"model '{model}'"
+            )
+        data = tensor_from_bytes(binary[offset : offset + size], datatype, shape, name, model)
+        return InputTensor(name, datatype, shape, data, params), offset + size
+    if "data" not in raw:
+        raise InvalidArgument(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+    data = json_codec.decode_data(raw["data"], datatype, shape, name)
+    return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput]:
+    outputs = []
+    for raw in _field(header, "outputs", list, "the request"):
+        if not isinstance(raw, dict) or "name" not in raw:
+            raise InvalidArgument("each element of 'outputs' must be an object with a 'name'")
+        name = _field(raw, "name", str, "an output")
+        params = _parameters(raw, f"output '{name}'")
+        if "binary_data" in params and not isinstance(params["binary_data"], bool):
+            raise InvalidArgument(
+                f"Unable to parse 'binary_data' of output '{name}': expected a boolean"
+            )
+        if "classification" in params:
+            raise Unsupported("the classification extension is not supported")
+        outputs.append(RequestedOutput(name, params))
+    return outputs
+
+
+def decode_raw_request(
+    body: memoryview, config: mc.ModelConfig, model_version: str
+) -> InferRequest:
+    """A raw binary request (``Inference-Header-Content-Length: 0``): the body is the one input,
+    batch 1, its shape deduced from the config."""
+    model = config.name
+    if len(config.input) != 1:
+        raise InvalidArgument(
+            f"Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config.input)} inputs in '{model}' model configuration"
+        )
+    spec = config.input[0]
+    datatype = datatypes.from_config_name(mc.DataType.Name(spec.data_type))
+    dims = list(spec.dims)
+    if datatype.is_bytes:
+        if dims != [1]:
+            raise InvalidArgument(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        # The body is the one element itself, not length-prefixed.
+        data = _single_bytes_element(body)
+        shape = (1, 1) if config.max_batch_size > 0 else (1,)
+        return _raw_request(config, model_version, spec.name, datatype, shape, data)
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if len(variable) > 1:
+        raise InvalidArgument(
+            f"The shape of the raw input '{spec.name}' can not be deduced because there are "
+            "more than one variable-sized dimension"
+        )
+    if variable:
+        fixed = element_count(tuple(d for d in dims if d != -1)) * datatype.itemsize
+        if fixed == 0 or len(body) % fixed:
+            raise InvalidArgument(
+                f"the raw input '{spec.name}' of {len(body)} bytes is not a whole number of "
+                f"elements of shape {dims} for model '{model}'"
+            )
+        dims[variable[0]] = len(body) // fixed
+    shape = (1, *dims) if config.max_batch_size > 0 else tuple(dims)
+    data = tensor_from_bytes(body, datatype, shape, spec.name, model)
+    return _raw_request(config, model_version, spec.name, datatype, shape, data)
+
+
+def _single_bytes_element(body: memoryview) -> np.ndarray:
+    out = np.empty(1, dtype=object)
+    out[0] = bytes(body)
+    return out
+
+
+def _raw_request(
+    config: mc.ModelConfig,
+    model_version: str,
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    data: np.ndarray,
+) -> InferRequest:
+    return InferRequest(
+        config.name,
+        model_version,
+        [InputTensor(name, datatype, shape, data.reshape(shape))],
+        None,
+        None,
+        {"binary_data_output": True},
+    )
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
+    """The JSON header and binary blobs for ``response``; an output is binary when its own
+    ``binary_data`` says so, else when the request's ``binary_data_output`` does."""
+    default_binary = bool(request.parameters.get("binary_data_output", False))
+    per_output = {o.name: o.parameters for o in request.outputs or ()}
+    blobs: list[memoryview] = []
+    outputs: list[dict[str, Any]] = []
+    for output in response.outputs:
+        binary = per_output.get(output.name, {}).get("binary_data", default_binary)
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype.name,
+            "shape": list(output.shape),
+        }
+        if binary:
+            blob = tensor_to_bytes(output.data, output.datatype)
+            entry["parameters"] = {"binary_data_size": blob.nbytes}
+            blobs.append(blob)
+        else:
+            entry["data"] = json_codec.encode_data(output.data, output.datatype)
+        outputs.append(entry)
+    body: dict[str, Any] = {}
+    if response.id is not None:
+        body["id"] = response.id
+    body["model_name"] = response.model_name
+    body["model_version"] = response.model_version
+    if response.parameters:
+        body["parameters"] = response.parameters
+    body["outputs"] = outputs
+    return EncodedResponse(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), blobs)

@@ -1,0 +1,76 @@
+"""Transport-neutral inference request and response records.
+
+The HTTP and gRPC codecs translate their wire formats to and from these; validation,
+scheduling and execution see nothing else. Tensor data are numpy arrays, usually views of the
+request buffer (never Python lists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from server.protocol.datatypes import DataType
+
+Parameters = dict[str, Any]
+
+
+@dataclass
+class InputTensor:
+    """A decoded input: ``data`` has the datatype's dtype and exactly ``prod(shape)`` elements."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (e.g. ``binary_data``)."""
+
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    """One inference request; ``outputs`` is None when the client asked for every output."""
+
+    model_name: str
+    model_version: str
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput] | None = None
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in the request: the leading dimension of its first input (1 when scalar)."""
+        if not self.inputs or not self.inputs[0].shape:
+            return 1
+        return self.inputs[0].shape[0]
+
+
+@dataclass
+class OutputTensor:
+    """One result tensor, shaped as the client will see it."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass
+class InferResponse:
+    """The result of one request, outputs in the order the client asked for them."""
+
+    model_name: str
+    model_version: str
+    outputs: list[OutputTensor]
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)

@@ -1,0 +1,172 @@
+"""Model configuration: parse ``config.pbtxt``, fill Triton's defaults, check it, print it.
+
+The config is Triton's ``inference.ModelConfig`` protobuf, parsed with protobuf's text format,
+so a field we do not know is an error rather than silently ignored. ``to_json`` prints it the
+way Triton's model configuration extension does (triton-facts §3.5).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor, json_format, text_format
+
+from server.errors import ModelLoadError
+from server.generated import model_config_pb2 as mc
+
+ModelConfig = mc.ModelConfig
+CONFIG_FILE = "config.pbtxt"
+
+# int64 fields Triton leaves as JSON strings (model_config_utils.cc ModelConfigToJson).
+_INT64_AS_STRING = {
+    ("inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape", "dim"),
+    ("inference.ModelInstanceGroup.SecondaryDevice", "device_id"),
+}
+_INT64_TYPES = {
+    descriptor.FieldDescriptor.TYPE_INT64,
+    descriptor.FieldDescriptor.TYPE_UINT64,
+    descriptor.FieldDescriptor.TYPE_SINT64,
+    descriptor.FieldDescriptor.TYPE_FIXED64,
+    descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def read_config(model_dir: Path) -> ModelConfig:
+    """Parse ``<model_dir>/config.pbtxt``; an empty config when the file is absent."""
+    config = ModelConfig()
+    path = model_dir / CONFIG_FILE
+    if not path.is_file():
+        return config
+    try:
+        text_format.Parse(path.read_text(encoding="utf-8"), config)
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"failed to parse {CONFIG_FILE} of model '{model_dir.name}': {exc}")
+    return config
+
+
+def parse_json_config(text: str) -> ModelConfig:
+    """Parse a config given as JSON (the form ``to_json`` prints)."""
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise ModelLoadError(f"failed to parse JSON model config: {exc}")
+    return config
+
+
+def to_json(config: ModelConfig) -> dict[str, Any]:
+    """The config as Triton's config endpoint prints it: every primitive, int64s as numbers."""
+    data = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    _int64_to_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+def _int64_to_numbers(desc: descriptor.Descriptor, data: dict[str, Any]) -> None:
+    for field in desc.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.message_type is not None:
+                    for item in value.values():
+                        _int64_to_numbers(value_field.message_type, item)
+                elif value_field.type in _INT64_TYPES:
+                    for key in value:
+                        value[key] = int(value[key])
+            elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+                for item in value:
+                    _int64_to_numbers(field.message_type, item)
+            else:
+                _int64_to_numbers(field.message_type, value)
+        elif field.type in _INT64_TYPES and (desc.full_name, field.name) not in _INT64_AS_STRING:
+            if field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+                data[field.name] = [int(v) for v in value]
+            else:
+                data[field.name] = int(value)
+
+
+def normalize(config: ModelConfig, gpu_count: int) -> None:
+    """Fill the defaults Triton's core fills (model_config_utils.cc NormalizeModelConfig)."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if config.HasField("dynamic_batching"):
+        batching = config.dynamic_batching
+        if not batching.preferred_batch_size and config.max_batch_size > 0:
+            batching.preferred_batch_size.append(config.max_batch_size)
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
+    _normalize_instance_groups(config, gpu_count)
+
+
+def _normalize_instance_groups(config: ModelConfig, gpu_count: int) -> None:
+    kind = mc.ModelInstanceGroup.Kind
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.name = config.name
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.kind == kind.KIND_AUTO:
+            group.kind = kind.KIND_GPU if gpu_count > 0 else kind.KIND_CPU
+        if group.kind == kind.KIND_GPU and not group.gpus:
+            group.gpus.extend(range(gpu_count))
+        if group.count < 1:
+            # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime, else 1.
+            group.count = 2 if group.kind == kind.KIND_CPU else 1
+
+
+def validate(config: ModelConfig) -> None:
+    """Refuse configs Triton refuses, with Triton's messages where it has them."""
+    name = config.name
+    if config.max_batch_size < 0:
+        raise ModelLoadError("'max_batch_size' must be non-negative value")
+    if config.HasField("dynamic_batching"):
+        for size in config.dynamic_batching.preferred_batch_size:
+            if size < 1:
+                raise ModelLoadError("dynamic batching preferred size must be positive")
+            if size > config.max_batch_size:
+                raise ModelLoadError(
+                    f"dynamic batching preferred size must be <= max batch size for {name}"
+                )
+    if not config.input:
+        raise ModelLoadError(f"model '{name}' must specify at least one input")
+    if not config.output:
+        raise ModelLoadError(f"model '{name}' must specify at least one output")
+    for kind_name, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for tensor in tensors:
+            if not tensor.name:
+                raise ModelLoadError(f"model '{name}' has an {kind_name} without a name")
+            if tensor.name in seen:
+                raise ModelLoadError(f"model '{name}' declares {kind_name} '{tensor.name}' twice")
+            seen.add(tensor.name)
+            if tensor.data_type == mc.TYPE_INVALID:
+                raise ModelLoadError(
+                    f"model '{name}' {kind_name} '{tensor.name}' must specify 'data_type'"
+                )
+            for dim in tensor.dims:
+                if dim < -1 or dim == 0 and False:
+                    raise ModelLoadError(
+                        f"model '{name}' {kind_name} '{tensor.name}' has invalid dim {dim}"
+                    )
+    for group in config.instance_group:
+        if group.kind not in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_GPU):
+            raise ModelLoadError(
+                f"instance group {group.name} of model {name} has unsupported kind "
+                f"{mc.ModelInstanceGroup.Kind.Name(group.kind)}"
+            )
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            raise ModelLoadError(
+                f"instance group {group.name} of model {name} has kind KIND_GPU but no GPUs "
+                "are available"
+            )

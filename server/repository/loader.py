@@ -1,0 +1,177 @@
+"""Turn one model folder into served versions: config, backend, versions, instances.
+
+Runs on a worker thread (session creation is slow and must not block the event loop).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends.base import Backend, ModelInstance, Placement
+from server.errors import InferenceServerError, ModelLoadError
+from server.generated import model_config_pb2 as mc
+from server.repository import config as model_config
+from server.repository.autocomplete import autocomplete
+from server.repository.versions import available_versions, select_versions
+from server.scheduling.direct import DirectScheduler
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    """Triton's model version states (model_lifecycle.cc ModelReadyStateString)."""
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass
+class ModelVersion:
+    """One version of a model: its state and, when READY, the scheduler that runs it."""
+
+    name: str
+    version: int
+    state: State
+    reason: str = ""
+    config: mc.ModelConfig | None = None
+    scheduler: DirectScheduler | None = None
+
+
+@dataclass
+class Model:
+    """A model folder: its completed config (None if it could not be made) and its versions."""
+
+    name: str
+    path: Path
+    config: mc.ModelConfig | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    reason: str = ""
+
+    def ready_versions(self) -> list[int]:
+        return sorted(v for v, mv in self.versions.items() if mv.state is State.READY)
+
+    @property
+    def ready(self) -> bool:
+        """Every version the policy asked for is serving (and there is at least one)."""
+        return bool(self.versions) and all(
+            mv.state is State.READY for mv in self.versions.values()
+        )
+
+
+def _resolve_backend(
+    config: mc.ModelConfig, model_dir: Path, versions: list[int], backends: Mapping[str, Backend]
+) -> Backend:
+    """Pick the backend as Triton's AutoCompleteBackendFields does, and fill its fields."""
+    chosen: Backend | None = None
+    if config.backend:
+        chosen = backends.get(config.backend)
+        if chosen is None:
+            raise ModelLoadError(f"unsupported backend '{config.backend}' for model '{config.name}'")
+    elif config.platform:
+        chosen = next((b for b in backends.values() if b.platform == config.platform), None)
+        if chosen is None:
+            raise ModelLoadError(
+                f"unsupported platform '{config.platform}' for model '{config.name}'"
+            )
+    else:
+        for backend in backends.values():
+            filename = config.default_model_filename or backend.default_model_filename
+            if any((model_dir / str(v) / filename).exists() for v in versions):
+                chosen = backend
+                break
+    if chosen is None:
+        raise ModelLoadError(
+            f"unable to find a backend for model '{config.name}': set 'backend' or 'platform' "
+            "in config.pbtxt, or provide <version>/model.onnx"
+        )
+    if config.platform and config.platform != chosen.platform:
+        raise ModelLoadError(
+            f"platform '{config.platform}' does not match backend '{chosen.name}' for model "
+            f"'{config.name}'"
+        )
+    config.backend = chosen.name
+    config.platform = chosen.platform
+    if not config.default_model_filename:
+        config.default_model_filename = chosen.default_model_filename
+    return chosen
+
+
+def load_model(
+    model_dir: Path, backends: Mapping[str, Backend], settings: Settings, gpu_count: int = 0
+) -> Model:
+    """Load every version the policy selects; failures are recorded, not raised."""
+    model = Model(name=model_dir.name, path=model_dir)
+    try:
+        config, backend, versions = _prepare_config(model_dir, backends, settings, gpu_count)
+    except InferenceServerError as exc:
+        model.reason = exc.message
+        log.error("failed to load model '%s': %s", model.name, exc.message)
+        return model
+    model.config = config
+    for version in versions:
+        model.versions[version] = _load_version(model_dir, version, config, backend)
+    if not versions:
+        model.reason = f"no version folder to load for model '{model.name}'"
+        log.error("failed to load model '%s': %s", model.name, model.reason)
+    return model
+
+
+def _prepare_config(
+    model_dir: Path, backends: Mapping[str, Backend], settings: Settings, gpu_count: int
+) -> tuple[mc.ModelConfig, Backend, list[int]]:
+    config = model_config.read_config(model_dir)
+    if config.name and config.name != model_dir.name:
+        raise ModelLoadError(
+            f"unexpected directory name '{model_dir.name}' for model '{config.name}', directory "
+            "name must equal model name"
+        )
+    config.name = model_dir.name
+    available = available_versions(model_dir)
+    backend = _resolve_backend(config, model_dir, available, backends)
+    policy = config.version_policy if config.HasField("version_policy") else None
+    versions = select_versions(policy or mc.ModelVersionPolicy(), available)
+    present = [v for v in versions if v in available]
+    if not settings.disable_auto_complete_config and present:
+        path = model_dir / str(present[-1]) / config.default_model_filename
+        default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
+        autocomplete(config, backend.signature(path), default_max)
+    model_config.normalize(config, gpu_count)
+    model_config.validate(config)
+    return config, backend, versions
+
+
+def _load_version(
+    model_dir: Path, version: int, config: mc.ModelConfig, backend: Backend
+) -> ModelVersion:
+    path = model_dir / str(version) / config.default_model_filename
+    result = ModelVersion(config.name, version, State.UNAVAILABLE, config=config)
+    if not path.exists():
+        result.reason = f"model file {version}/{config.default_model_filename} not found"
+        log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
+        return result
+    instances: list[ModelInstance] = []
+    try:
+        for group in config.instance_group:
+            devices = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [0]
+            for device in devices:
+                for _ in range(group.count):
+                    placement = Placement(group.kind, device)
+                    instances.append(backend.load_instance(path, config, placement))
+    except InferenceServerError as exc:
+        for instance in instances:
+            instance.close()
+        result.reason = exc.message
+        log.error("failed to load '%s' version %d: %s", config.name, version, exc.message)
+        return result
+    result.scheduler = DirectScheduler(f"{config.name}-{version}", instances)
+    result.state = State.READY
+    log.info("successfully loaded '%s' version %d", config.name, version)
+    return result

@@ -1,0 +1,28 @@
+"""Version folders and Triton's version policy (latest N, all, specific)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from server.generated import model_config_pb2 as mc
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """Numeric version folders, ascending. Names starting with "0" are ignored, as in Triton."""
+    versions = []
+    for entry in model_dir.iterdir():
+        name = entry.name
+        if entry.is_dir() and name.isascii() and name.isdigit() and not name.startswith("0"):
+            versions.append(int(name))
+    return sorted(versions)
+
+
+def select_versions(policy: mc.ModelVersionPolicy, available: list[int]) -> list[int]:
+    """The versions the policy asks to serve (specific versions may be missing: see caller)."""
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return list(available)
+    if choice == "specific":
+        return sorted(set(policy.specific.versions))
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return available[-max(count, 1) :] if available else []

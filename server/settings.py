@@ -1,0 +1,35 @@
+"""All server options in one frozen record, built once in ``main()`` from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT_SIZE
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options with tritonserver's names and defaults (see ``server.cli`` for the flags)."""
+
+    model_repositories: tuple[str, ...] = ()
+    server_id: str = "triton"
+    allow_http: bool = True
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    allow_metrics: bool = True
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    disable_auto_complete_config: bool = False
+    exit_timeout_secs: int = 30
+    log_verbose: int = 0
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def backend_option(self, backend: str, key: str, default: str) -> str:
+        """A ``--backend-config=<backend>,<key>=<value>`` setting, or ``default``."""
+        return self.backend_config.get(backend, {}).get(key, default)
