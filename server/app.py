@@ -66,7 +66,9 @@ async def serve(settings: Settings) -> int:
     if settings.allow_http:
         http_server = HTTPServer(
             make_app(dataplane, settings, pool),
-            max_body_size=settings.http_max_input_size,
+            # Slack above the limit so that our own check, which answers 400, runs before
+            # Tornado's, which just drops the connection (chunked bodies).
+            max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
             chunk_size=_CHUNK_SIZE,
             idle_connection_timeout=_IDLE_TIMEOUT_SECS,
         )

@@ -32,6 +32,9 @@ class BaseHandler(tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.clear_header("Server")
 
+    def compute_etag(self) -> None:
+        return None  # V2 answers are not cacheable resources
+
     def write_json(self, body: Any) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))

@@ -12,7 +12,6 @@ import zlib
 from server.errors import InvalidArgument, Unsupported
 from server.memory.host_pool import HostBuffer, HostBufferPool
 
-MAX_CHUNKS = 65536  # Triton's limit on non-empty chunks of a chunked body
 _INITIAL_CHUNKED = 1 << 16
 _ENCODINGS = ("gzip", "deflate")
 
@@ -62,7 +61,6 @@ class BodyReceiver:
             content_length if content_length is not None else _INITIAL_CHUNKED
         )
         self.received = 0
-        self.chunks = 0
 
     def feed(self, chunk: bytes) -> None:
         """Copy one chunk in (the one host copy of the body)."""
@@ -70,14 +68,10 @@ class BodyReceiver:
         size = len(chunk)
         if not size:
             return
-        self.chunks += 1
         end = self.received + size
         if not self._fixed:
-            if self.chunks > MAX_CHUNKS:
-                raise InvalidArgument(
-                    f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
-                    "Send fewer or larger HTTP chunks."
-                )
+            # Tornado coalesces small HTTP chunks before handing them over, so the number of
+            # pieces per body is bounded by the size limit rather than by a chunk count.
             if end > self._limit:
                 raise too_large(end, self._limit, binary=False)
             if end > buffer.capacity:

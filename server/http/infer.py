@@ -31,7 +31,6 @@ class InferHandler(BaseHandler):
         super().initialize(**kwargs)
         self.pool = pool
         self._receiver: http_body.BodyReceiver | None = None
-        self._refusal: InferenceServerError | None = None
         self._in_post = False
 
     def prepare(self) -> None:
@@ -51,20 +50,21 @@ class InferHandler(BaseHandler):
         self._receiver = http_body.BodyReceiver(self.pool, limit, length)
 
     def data_received(self, chunk: bytes) -> None:
-        if self._receiver is None or self._refusal is not None:
+        if self._receiver is None:
             return
         try:
             self._receiver.feed(chunk)
         except InferenceServerError as exc:
-            # Keep draining the connection; post() answers with the refusal.
-            self._refusal = exc
+            # Answer now: Tornado closes the connection once the answer is written, which is
+            # the only way to stop reading the rest of an oversize body.
             self._release()
+            self.send_server_error(exc)
 
     async def post(self, model: str, version: str | None) -> None:
         self._in_post = True
+        if self._finished:  # refused while the body was arriving
+            return
         try:
-            if self._refusal is not None:
-                raise self._refusal
             await self._infer(model, version or "")
         except Exception as exc:  # every failure becomes one {"error": ...} answer
             error = to_server_error(exc)

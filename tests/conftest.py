@@ -1,0 +1,41 @@
+"""Shared fixtures: servers started as subprocesses on free ports, once per test worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.model_repos import build_datatype_repository
+from tests.server_process import EXAMPLES, ServerProcess, start_server
+
+
+@pytest.fixture(scope="session")
+def datatype_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_datatype_repository(tmp_path_factory.mktemp("datatype_repo"))
+
+
+@pytest.fixture(scope="session")
+def server(datatype_repository: Path) -> Iterator[ServerProcess]:
+    """One server with the example repository and the datatype test models."""
+    process = start_server(EXAMPLES, datatype_repository)
+    assert process.port is not None, process.log
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def assert_still_serving(server: ServerProcess) -> Iterator[None]:
+    """After a test that sends bad input: the server must still answer a good request."""
+    yield
+    good = (
+        b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":'
+        + str(list(range(16))).encode()
+        + b'},{"name":"INPUT1","datatype":"INT32","shape":[1,16],"data":'
+        + str([1] * 16).encode()
+        + b"}]}"
+    )
+    status, _, body = server.request("POST", "/v2/models/simple/infer", good)
+    assert status == 200, body
+    assert b'"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]' in body

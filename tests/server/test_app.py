@@ -1,0 +1,95 @@
+"""Start-up and shutdown of the real server process: model failures, signals, readiness."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from scripts import make_models
+from tests.server_process import EXAMPLES, start_server
+
+
+@pytest.fixture
+def repo_with_broken_model(tmp_path: Path) -> Path:
+    shutil.copytree(EXAMPLES / "simple", tmp_path / "simple")
+    broken = tmp_path / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.onnx").write_bytes(b"this is not an onnx file")
+    return tmp_path
+
+
+def test_exit_on_error_true_exits_non_zero(repo_with_broken_model: Path) -> None:
+    server = start_server(repo_with_broken_model, timeout=30)
+    assert server.wait_exit() != 0
+    assert server.port is None
+    assert "broken" in server.log and "failed to load" in server.log
+
+
+def test_exit_on_error_false_serves_the_other_models(repo_with_broken_model: Path) -> None:
+    server = start_server(repo_with_broken_model, args=("--exit-on-error=false",))
+    try:
+        assert server.port is not None, server.log
+        assert server.request("GET", "/v2/models/simple/ready")[0] == 200
+        status, _, body = server.request("GET", "/v2/models/broken/ready")
+        assert status == 400
+        # strict readiness: one model is not ready, so the server is not ready; live it is
+        assert server.request("GET", "/v2/health/ready")[0] == 400
+        assert server.request("GET", "/v2/health/live")[0] == 200
+        status, _, body = server.request("GET", "/v2/models/broken")
+        assert status == 404 and b"has no available versions" in body
+    finally:
+        server.stop()
+
+
+def test_non_strict_readiness_is_ready_with_a_failed_model(repo_with_broken_model: Path) -> None:
+    server = start_server(
+        repo_with_broken_model, args=("--exit-on-error=false", "--strict-readiness=false")
+    )
+    try:
+        assert server.request("GET", "/v2/health/ready")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_missing_repository_exits_non_zero(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "absent", timeout=30)
+    assert server.wait_exit() != 0
+    assert "failed to stat model repository path" in server.log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_cleanly(tmp_path: Path, signum: int) -> None:
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "m" / "1" / "model.onnx")
+    server = start_server(tmp_path)
+    assert server.port is not None, server.log
+    server.proc.send_signal(signum)
+    assert server.wait_exit(30) == 0
+    assert "stopped" in server.log
+
+
+def test_version_policy_serves_selected_versions(tmp_path: Path) -> None:
+    for version in (1, 2, 3):
+        make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "m" / str(version) / "model.onnx")
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'version_policy: { specific: { versions: [1, 3] } }\n'
+    )
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "latest" / "1" / "model.onnx")
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "latest" / "2" / "model.onnx")
+    server = start_server(tmp_path)
+    try:
+        assert server.request("GET", "/v2/models/m/versions/1/ready")[0] == 200
+        assert server.request("GET", "/v2/models/m/versions/2/ready")[0] == 400
+        assert server.request("GET", "/v2/models/m/versions/3/ready")[0] == 200
+        status, _, body = server.request("GET", "/v2/models/m")
+        assert status == 200 and b'"versions":["1","3"]' in body
+        status, _, body = server.request("GET", "/v2/models/m/versions/2")
+        assert status == 404
+        assert b"Request for unknown model: 'm' version 2 is not found" in body
+        # latest{1} by default: only version 2 of "latest"
+        assert server.request("GET", "/v2/models/latest/versions/1/ready")[0] == 400
+        assert server.request("GET", "/v2/models/latest/versions/2/ready")[0] == 200
+    finally:
+        server.stop()

@@ -1,0 +1,96 @@
+"""The command line takes tritonserver's flags in both value forms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from server.cli import build_parser, parse_settings
+from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE
+from tests.server_process import ROOT
+
+
+def test_defaults_match_tritonserver() -> None:
+    settings = parse_settings(["--model-repository=/models"])
+    assert settings.model_repositories == ("/models",)
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8000, 8001, 8002)
+    assert settings.http_address == "0.0.0.0"
+    assert settings.http_max_input_size == DEFAULT_HTTP_MAX_INPUT_SIZE == 64 * 1024 * 1024
+    assert settings.exit_on_error is True
+    assert settings.strict_readiness is True
+    assert settings.server_id == "triton"
+    assert settings.log_verbose == 0
+
+
+def test_both_value_forms_and_repeatable_repository() -> None:
+    settings = parse_settings(
+        [
+            "--model-repository", "/a",
+            "--model-repository=/b",
+            "--http-port=9000",
+            "--grpc-port", "9001",
+            "--exit-on-error=false",
+            "--strict-readiness", "false",
+            "--id=mine",
+            "--log-verbose=1",
+            "--backend-config=onnxruntime,default-max-batch-size=8",
+        ]
+    )
+    assert settings.model_repositories == ("/a", "/b")
+    assert (settings.http_port, settings.grpc_port) == (9000, 9001)
+    assert settings.exit_on_error is False
+    assert settings.strict_readiness is False
+    assert settings.server_id == "mine"
+    assert settings.log_verbose == 1
+    assert settings.backend_option("onnxruntime", "default-max-batch-size", "4") == "8"
+
+
+def test_bare_boolean_flag_means_true() -> None:
+    settings = parse_settings(["--model-repository=/m", "--exit-on-error=false", "--strict-readiness"])
+    assert settings.strict_readiness is True
+
+
+@pytest.mark.parametrize("flag", ["--exit-on-error=maybe", "--http-port=70000", "--http-port=x"])
+def test_bad_values_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", flag])
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["0", "-1024"])
+def test_non_positive_max_input_size_refused_at_start(size: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--model-repository=/m", f"--http-max-input-size={size}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "Error: --http-max-input-size must be greater than 0." in result.stderr
+
+
+def test_model_repository_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([])
+    assert "--model-repository" in capsys.readouterr().err
+
+
+def test_help_documents_every_flag() -> None:
+    text = build_parser().format_help()
+    for flag in (
+        "--model-repository", "--http-port", "--http-address", "--grpc-port", "--metrics-port",
+        "--exit-on-error", "--strict-readiness", "--http-max-input-size", "--log-verbose", "--id",
+    ):
+        assert flag in text
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+def test_console_script_help_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--help"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    assert "--http-max-input-size" in result.stdout
