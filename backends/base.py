@@ -58,8 +58,8 @@ class ModelInstance(ABC):
         """Run the model on ``inputs`` (already shaped as the model expects: batch dimension
         first when the model batches) and return the named outputs. Raise on model faults."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, most instances need nothing
-        """Release what the instance holds (sessions, device memory)."""
+    def close(self) -> None:
+        """Release what the instance holds (sessions, device memory); a no-op by default."""
 
 
 class Backend(ABC):

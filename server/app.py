@@ -92,7 +92,7 @@ async def serve(settings: Settings) -> int:
             await asyncio.wait_for(
                 http_server.close_all_connections(), timeout=settings.exit_timeout_secs
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("connections still open after %d s", settings.exit_timeout_secs)
     repository.close()
     log.info("stopped")

@@ -66,7 +66,7 @@ class InferHandler(BaseHandler):
             return
         try:
             await self._infer(model, version or "")
-        except Exception as exc:  # every failure becomes one {"error": ...} answer
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
             error = to_server_error(exc)
             if not isinstance(exc, InferenceServerError):
                 self.log_exception(type(exc), exc, exc.__traceback__)
@@ -76,12 +76,11 @@ class InferHandler(BaseHandler):
 
     async def _infer(self, model: str, version: str) -> None:
         assert self._receiver is not None
-        body: memoryview | bytes = self._receiver.body()
+        body = self._receiver.body()
         if self._encoding is not None:
             body = memoryview(
                 http_body.decompress(body, self._encoding, self.settings_.http_max_input_size)
             )
-        body = memoryview(body)
         header_length = binary.parse_header_length(
             self.request.headers.get("Inference-Header-Content-Length"), len(body)
         )

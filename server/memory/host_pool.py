@@ -30,7 +30,7 @@ def _aligned(nbytes: int) -> np.ndarray:
 class HostBuffer:
     """A pooled buffer; ``view`` is sized to the request, ``release()`` returns it once."""
 
-    __slots__ = ("_pool", "_array", "view", "_released")
+    __slots__ = ("_array", "_pool", "_released", "view")
 
     def __init__(self, pool: HostBufferPool | None, array: np.ndarray, nbytes: int) -> None:
         self._pool = pool

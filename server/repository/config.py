@@ -57,7 +57,7 @@ def parse_json_config(text: str) -> ModelConfig:
 
 def to_json(config: ModelConfig) -> dict[str, Any]:
     """The config as Triton's config endpoint prints it: every primitive, int64s as numbers."""
-    data = json_format.MessageToDict(
+    data: dict[str, Any] = json_format.MessageToDict(
         config,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
@@ -155,7 +155,7 @@ def validate(config: ModelConfig) -> None:
                     f"model '{name}' {kind_name} '{tensor.name}' must specify 'data_type'"
                 )
             for dim in tensor.dims:
-                if dim < -1 or dim == 0 and False:
+                if dim < -1:
                     raise ModelLoadError(
                         f"model '{name}' {kind_name} '{tensor.name}' has invalid dim {dim}"
                     )

@@ -1,0 +1,51 @@
+"""Imports go one way: protocol knows no transport, transports know no backend, backends know
+no transport or repository, and nothing in the domain imports Tornado or grpc."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import ROOT
+
+# package prefix -> module prefixes it must not import
+_FORBIDDEN = {
+    "server/protocol": ("tornado", "grpc", "server.http", "server.repository", "backends"),
+    "server/repository": ("tornado", "grpc", "server.http"),
+    "server/scheduling": ("tornado", "grpc", "server.http", "server.repository"),
+    "server/memory": ("tornado", "grpc", "server.http", "backends"),
+    "server/http": ("backends", "onnxruntime", "grpc"),
+    "server/errors.py": ("tornado", "grpc"),
+    "server/dataplane.py": ("tornado", "grpc", "backends", "onnxruntime"),
+    "backends": ("tornado", "grpc", "server.http", "server.repository", "server.dataplane"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _files(prefix: str) -> list[Path]:
+    target = ROOT / prefix
+    return [target] if target.is_file() else sorted(target.rglob("*.py"))
+
+
+@pytest.mark.parametrize("prefix", sorted(_FORBIDDEN))
+def test_layer_imports(prefix: str) -> None:
+    files = _files(prefix)
+    assert files, prefix
+    bad = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in sorted(_imports(path))
+        if any(name == f or name.startswith(f + ".") for f in _FORBIDDEN[prefix])
+    ]
+    assert not bad, bad
