@@ -39,7 +39,9 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
 
-    def send_server_error(self, error: InferenceServerError) -> None:
+    def send_server_error(
+        self, error: InferenceServerError, headers: dict[str, str] | None = None
+    ) -> None:
         """Answer with ``error``'s status and message (when nothing has been sent yet)."""
         if self._finished:
             return
@@ -48,6 +50,8 @@ class BaseHandler(tornado.web.RequestHandler):
             self.request.connection.close()  # type: ignore[union-attr]
             return
         self.clear()
+        for name, value in (headers or {}).items():
+            self.set_header(name, value)
         self.set_status(error.http_status)
         self.write_json({"error": error.message})
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import tornado.web
 
-from server.errors import InferenceServerError, to_server_error
+from server.errors import InferenceServerError, Unsupported, to_server_error
 from server.http import body as http_body
 from server.http.base import BaseHandler
 from server.memory.host_pool import HostBufferPool
@@ -43,9 +43,9 @@ class InferHandler(BaseHandler):
                 is_binary = headers.get("Inference-Header-Content-Length") is not None
                 raise http_body.too_large(length, limit, binary=is_binary)
         except InferenceServerError as exc:
-            if exc.http_status == 501:
-                self.set_header("Accept-Encoding", "gzip, deflate")
-            self.send_server_error(exc)
+            # An unknown Content-Encoding is answered with the encodings we take (as Triton).
+            extra = {"Accept-Encoding": "gzip, deflate"} if isinstance(exc, Unsupported) else None
+            self.send_server_error(exc, extra)
             return
         self._receiver = http_body.BodyReceiver(self.pool, limit, length)
 
@@ -92,8 +92,10 @@ class InferHandler(BaseHandler):
     def _decode(
         self, body: memoryview, header_length: int | None, model: str, version: str
     ) -> InferRequest:
+        # Resolve the model first: an unknown model or version is reported as such, whatever
+        # else is wrong with the body.
+        config = self.dataplane.model_config(model, version)
         if header_length == 0:
-            config = self.dataplane.model_config(model, version)
             return rest_codec.decode_raw_request(body, config, version)
         split = len(body) if header_length is None else header_length
         header = rest_codec.parse_json(body[:split], "inference request")

@@ -6,21 +6,24 @@ from server.http.base import BaseHandler
 from server.repository.config import to_json
 
 
-class LiveHandler(BaseHandler):
+class _HealthHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self) -> None:
+    def answer(self, healthy: bool) -> None:
         # Health answers carry no body: 200 when true, 400 when not (as Triton).
-        self.set_status(200 if self.dataplane.live() else 400)
+        self.clear_header("Content-Type")
+        self.set_status(200 if healthy else 400)
         self.finish()
 
 
-class ReadyHandler(BaseHandler):
-    SUPPORTED_METHODS = ("GET",)
-
+class LiveHandler(_HealthHandler):
     def get(self) -> None:
-        self.set_status(200 if self.dataplane.ready() else 400)
-        self.finish()
+        self.answer(self.dataplane.live())
+
+
+class ReadyHandler(_HealthHandler):
+    def get(self) -> None:
+        self.answer(self.dataplane.ready())
 
 
 class ServerMetadataHandler(BaseHandler):

@@ -35,7 +35,7 @@ class HostBuffer:
     def __init__(self, pool: HostBufferPool | None, array: np.ndarray, nbytes: int) -> None:
         self._pool = pool
         self._array = array
-        self.view = memoryview(array)[:nbytes]
+        self.view = array.data[:nbytes]
         self._released = False
 
     @property
@@ -46,7 +46,7 @@ class HostBuffer:
         """Make ``view`` cover ``nbytes`` of the buffer (at most its capacity)."""
         if nbytes > self.capacity:
             raise ValueError(f"{nbytes} bytes exceed the buffer's {self.capacity}")
-        self.view = memoryview(self._array)[:nbytes]
+        self.view = self._array.data[:nbytes]
 
     def release(self) -> None:
         """Hand the memory back; safe to call more than once."""

@@ -12,16 +12,9 @@ import numpy as np
 
 from server.errors import InvalidArgument
 from server.protocol.datatypes import DataType
+from server.protocol.shapes import element_count, reshape
 
 _LENGTH = struct.Struct("<I")
-
-
-def element_count(shape: tuple[int, ...]) -> int:
-    """prod(shape) with Python ints, so absurd shapes cannot overflow silently."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 def deserialize_bytes(view: memoryview, count: int, name: str, model: str) -> np.ndarray:
@@ -74,22 +67,28 @@ def tensor_from_bytes(
     """A tensor of ``shape`` over ``view``: a zero-copy view, or parsed BYTES elements."""
     count = element_count(shape)
     if datatype.is_bytes:
-        return deserialize_bytes(view, count, name, model).reshape(shape)
+        return reshape(deserialize_bytes(view, count, name, model), shape, name)
     expected = count * datatype.itemsize
     if expected != len(view):
         raise InvalidArgument(
             f"input byte size mismatch for input '{name}' for model '{model}'. "
             f"Expected {expected}, got {len(view)}"
         )
-    return np.frombuffer(view, dtype=datatype.dtype).reshape(shape)
+    data = np.frombuffer(view, dtype=datatype.dtype)
+    if datatype.name == "BOOL" and data.size and data.view(np.uint8).max() > 1:
+        raise InvalidArgument(
+            f"invalid BOOL data for input '{name}' for model '{model}': bytes must be 0 or 1"
+        )
+    return reshape(data, shape, name)
 
 
 def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> memoryview:
     """The wire bytes of an output: a view of a contiguous array, or framed BYTES."""
     if datatype.is_bytes:
         return memoryview(serialize_bytes(array))
-    contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous.reshape(-1).view(np.uint8))
+    # The wire is little-endian whatever the array's byte order.
+    contiguous = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return contiguous.reshape(-1).view(np.uint8).data
 
 
 def parse_header_length(value: str | None, content_length: int) -> int | None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from server.errors import InvalidArgument
 from server.protocol.datatypes import DataType
+from server.protocol.shapes import element_count, reshape
 
 MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting
 
@@ -51,16 +52,16 @@ def decode_data(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
     if type(data) is not list:
         data = [data]
     flat = _flatten(data, name)
-    expected = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    expected = element_count(shape)
     if len(flat) > expected:
         raise InvalidArgument(
-            f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
-            f"'data' field ({len(flat)} elements for shape {list(shape)})"
+            "Unable to parse 'data': Shape does not match true shape of 'data' field "
+            f"(input '{name}': {len(flat)} elements for shape {list(shape)})"
         )
     if len(flat) < expected:
         raise InvalidArgument(
-            f"Failed to parse 'data' field of input '{name}': shape does not match true shape "
-            f"({len(flat)} elements for shape {list(shape)})"
+            "Failed to parse 'data' field: shape does not match true shape "
+            f"(input '{name}': {len(flat)} elements for shape {list(shape)})"
         )
     kinds = set(map(type, flat))
     if datatype.is_bytes:
@@ -68,42 +69,44 @@ def decode_data(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
             raise _element_error(name, datatype, "strings")
         out = np.empty(len(flat), dtype=object)
         out[:] = [s.encode("utf-8", "surrogatepass") for s in flat]
-        return out.reshape(shape)
+        return reshape(out, shape, name)
     if datatype.name == "BOOL":
         if not kinds <= {bool}:
             raise _element_error(name, datatype, "true or false")
-        return np.array(flat, dtype=np.bool_).reshape(shape)
+        return reshape(np.array(flat, dtype=np.bool_), shape, name)
     kind = datatype.dtype.kind
     if kind in "iu":
         if not kinds <= {int}:
             raise _element_error(name, datatype, "integers")
-        return _checked_ints(flat, datatype, name).reshape(shape)
+        return reshape(_checked_ints(flat, datatype, name), shape, name)
     if not kinds <= {int, float}:
         raise _element_error(name, datatype, "numbers")
-    values = np.array(flat, dtype=np.float64) if flat else np.empty(0, np.float64)
-    converted = values.astype(datatype.dtype)
+    try:
+        values = np.array(flat, dtype=np.float64) if flat else np.empty(0, np.float64)
+    except OverflowError:  # an integer beyond float64
+        values = np.array([np.inf])
+    with np.errstate(over="ignore"):
+        converted = values.astype(datatype.dtype)
     if not np.isfinite(converted).all() and np.isfinite(values).all():
         raise InvalidArgument(
             f"unable to parse 'data' of input '{name}': a value is out of range for "
             f"{datatype.name}"
         )
-    return converted.reshape(shape)
+    return reshape(converted, shape, name)
 
 
 def _checked_ints(flat: list[int], datatype: DataType, name: str) -> np.ndarray:
-    info = np.iinfo(datatype.dtype)
     if not flat:
         return np.empty(0, dtype=datatype.dtype)
-    try:
-        values = np.array(flat)
-    except OverflowError:
-        values = np.array(flat, dtype=object)
-    if values.dtype == object or int(values.min()) < info.min or int(values.max()) > info.max:
+    info = np.iinfo(datatype.dtype)
+    # Range-check the Python ints themselves: numpy would turn a mix of small ints and
+    # values above INT64_MAX into float64 and lose digits.
+    if min(flat) < info.min or max(flat) > info.max:
         raise InvalidArgument(
             f"unable to parse 'data' of input '{name}': a value is out of range for "
             f"{datatype.name} [{info.min}, {info.max}]"
         )
-    return values.astype(datatype.dtype)
+    return np.array(flat, dtype=datatype.dtype)
 
 
 def encode_data(array: np.ndarray, datatype: DataType) -> Any:
@@ -120,4 +123,4 @@ def encode_data(array: np.ndarray, datatype: DataType) -> Any:
         ]
     if datatype.name == "BF16":
         return flat.astype(np.float32)
-    return np.ascontiguousarray(flat)
+    return np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))

@@ -16,8 +16,10 @@ import orjson
 from server.errors import InvalidArgument, Unsupported
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes, json_codec
-from server.protocol.binary import element_count, tensor_from_bytes, tensor_to_bytes
+from server.protocol.json_codec import MAX_JSON_DEPTH
+from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
+from server.protocol.shapes import element_count
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 _RESERVED_PREFIX = "triton_"
@@ -44,6 +46,10 @@ def parse_json(data: bytes | memoryview, what: str = "request") -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # orjson stops at 1024 levels, before any stack risk
+            raise InvalidArgument(
+                f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
+            ) from None
         raise InvalidArgument(f"failed to parse the {what} JSON: {exc}") from None
 
 
@@ -109,7 +115,8 @@ def decode_request(
             f"unexpected additional input data for model '{model_name}': {len(binary) - offset} "
             "bytes after the last binary input"
         )
-    outputs = _decode_outputs(header) if "outputs" in header else None
+    # An empty output list asks for every output, as in Triton (and gRPC cannot tell them apart).
+    outputs = _decode_outputs(header) if header.get("outputs", []) != [] else None
     return InferRequest(model_name, model_version, inputs, outputs, request_id, params)
 
 
@@ -188,7 +195,7 @@ def decode_raw_request(
             )
         # The body is the one element itself, not length-prefixed.
         data = _single_bytes_element(body)
-        shape = (1, 1) if config.max_batch_size > 0 else (1,)
+        shape: tuple[int, ...] = (1, 1) if config.max_batch_size > 0 else (1,)
         return _raw_request(config, model_version, spec.name, datatype, shape, data)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:

@@ -25,6 +25,11 @@ class PreparedRequest:
     batch_size: int
 
 
+def _names_text(names: list[str]) -> str:
+    """A name list as Triton prints it: ['A','B']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
 def _dims_text(dims: list[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
@@ -112,8 +117,9 @@ def validate(request: InferRequest, config: mc.ModelConfig) -> PreparedRequest:
         )
         got = [t.name for t in request.inputs]
         raise InvalidArgument(
-            f"{count} but got {len(got)} inputs for model '{model}'. Got input(s) {got}, but "
-            f"missing required input(s) {missing}. Please provide all required input(s)."
+            f"{count} but got {len(got)} inputs for model '{model}'. Got input(s) "
+            f"{_names_text(got)}, but missing required input(s) {_names_text(missing)}. Please "
+            "provide all required input(s)."
         )
     return PreparedRequest(
         inputs=inputs,

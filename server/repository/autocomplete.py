@@ -23,9 +23,14 @@ def _can_batch(signature: ModelSignature) -> bool:
     return bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)
 
 
+def is_complete(config: mc.ModelConfig) -> bool:
+    """A config with an input and an output is left alone (and its model file not read)."""
+    return bool((config.input or config.batch_input) and config.output)
+
+
 def autocomplete(config: mc.ModelConfig, signature: ModelSignature, default_max_batch: int) -> None:
     """Fill ``config`` in place from ``signature``."""
-    if (config.input or config.batch_input) and config.output:
+    if is_complete(config):
         return
     can_batch = _can_batch(signature)
     if can_batch:

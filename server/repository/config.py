@@ -80,13 +80,13 @@ def _int64_to_numbers(desc: descriptor.Descriptor, data: dict[str, Any]) -> None
                 elif value_field.type in _INT64_TYPES:
                     for key in value:
                         value[key] = int(value[key])
-            elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+            elif field.is_repeated:
                 for item in value:
                     _int64_to_numbers(field.message_type, item)
             else:
                 _int64_to_numbers(field.message_type, value)
         elif field.type in _INT64_TYPES and (desc.full_name, field.name) not in _INT64_AS_STRING:
-            if field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+            if field.is_repeated:
                 data[field.name] = [int(v) for v in value]
             else:
                 data[field.name] = int(value)
@@ -138,6 +138,7 @@ def validate(config: ModelConfig) -> None:
                 raise ModelLoadError(
                     f"dynamic batching preferred size must be <= max batch size for {name}"
                 )
+        _validate_priorities(config.dynamic_batching)
     if not config.input:
         raise ModelLoadError(f"model '{name}' must specify at least one input")
     if not config.output:
@@ -169,4 +170,26 @@ def validate(config: ModelConfig) -> None:
             raise ModelLoadError(
                 f"instance group {group.name} of model {name} has kind KIND_GPU but no GPUs "
                 "are available"
+            )
+
+
+def _validate_priorities(batching: mc.ModelDynamicBatching) -> None:
+    levels = batching.priority_levels
+    if levels > 0 and not 1 <= batching.default_priority_level <= levels:
+        raise ModelLoadError(f"default priority level must be in range [1, {levels}]")
+    for level in batching.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise ModelLoadError(
+                f"priority queue policy must have priority level in range [1, {levels}]"
+            )
+    if batching.preserve_ordering:
+        if levels > 1:
+            raise ModelLoadError(
+                "Only one priority level is allowed when 'preserve_ordering' is true"
+            )
+        policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+        if any(p.timeout_action == mc.ModelQueuePolicy.DELAY for p in policies):
+            raise ModelLoadError(
+                "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is "
+                "true"
             )

@@ -15,7 +15,7 @@ from backends.base import Backend, ModelInstance, Placement
 from server.errors import InferenceServerError, ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.repository import config as model_config
-from server.repository.autocomplete import autocomplete
+from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.versions import available_versions, select_versions
 from server.scheduling.direct import DirectScheduler
 from server.settings import Settings
@@ -139,7 +139,7 @@ def _prepare_config(
     policy = config.version_policy if config.HasField("version_policy") else None
     versions = select_versions(policy or mc.ModelVersionPolicy(), available)
     present = [v for v in versions if v in available]
-    if not settings.disable_auto_complete_config and present:
+    if not settings.disable_auto_complete_config and present and not is_complete(config):
         path = model_dir / str(present[-1]) / config.default_model_filename
         default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
         autocomplete(config, backend.signature(path), default_max)

@@ -1,0 +1,456 @@
+"""Shared pieces of the ``scripts/bench_*.py`` benchmarks.
+
+A benchmark figure means little on its own on a shared 2-core machine, so every figure is printed
+beside a baseline measured in the same run (DESIGN.md, "Testing"): a direct ONNX Runtime call on
+the same model file and inputs, and a plain asyncio socket echo of the same number of bytes. The
+load generator is one Python thread driving non-blocking sockets with pre-encoded requests, so that
+it costs the shared cores as little as Python allows and costs the same in front of every server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import os
+import platform
+import selectors
+import socket
+import struct
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+# One thread per BLAS/OpenMP pool, for the server and for this process (set before numpy loads):
+# on 2 cores, spinning pool threads distort every figure. This module imports neither numpy nor
+# onnxruntime at import time so that a benchmark can set these first.
+PINNED_THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+_STALL_S = 60.0  # a request still unanswered this long after the cell's end is an error
+_ECHO_PREFIX = struct.Struct("<II")  # request length (prefix included), reply length
+
+
+@dataclass
+class Sample:
+    """What one timed loop measured; latencies and CPU times in seconds."""
+
+    requests: int = 0
+    errors: int = 0
+    elapsed: float = 0.0
+    client_cpu: float = 0.0
+    server_cpu: float | None = None
+    latencies: list[float] = field(default_factory=list)
+    first_response: bytes = b""
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.elapsed if self.elapsed > 0 else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        """Nearest-rank percentile, so p99 is a latency that really happened."""
+        if not self.latencies:
+            return math.nan
+        ordered = sorted(self.latencies)
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1e3
+
+
+class Framing(Protocol):
+    """How the load generator knows where a response ends and whether it succeeded."""
+
+    def response_length(self, buffer: bytearray, filled: int) -> int | None:
+        """The full response length once enough of it has arrived, else None."""
+
+    def ok(self, response: memoryview) -> bool:
+        """Whether a complete response counts as a success."""
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One keep-alive connection with its receive buffer, reused for every request."""
+
+    sock: socket.socket
+    buffer: bytearray
+    view: memoryview
+    filled: int = 0
+    length: int | None = None
+    sent: int = 0
+    writing: bool = False  # whether the selector also watches for writability
+    started: float = 0.0
+
+
+class LoadGenerator:
+    """Closed-loop load: each of ``concurrency`` connections sends the same pre-encoded request
+    again as soon as the previous response has arrived in full (no pipelining)."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        request: bytes,
+        framing: Framing,
+        concurrency: int,
+        response_capacity: int,
+    ) -> None:
+        self._address = address
+        self._request = memoryview(request)
+        self._framing = framing
+        self._capacity = response_capacity
+        self._selector = selectors.DefaultSelector()
+        self._slots = [self._connect() for _ in range(concurrency)]
+
+    def _connect(self) -> _Slot:
+        buffer = bytearray(self._capacity)
+        return _Slot(self._open_socket(), buffer, memoryview(buffer))
+
+    def _open_socket(self) -> socket.socket:
+        sock = socket.create_connection(self._address, timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        return sock
+
+    def close(self) -> None:
+        for slot in self._slots:
+            slot.sock.close()
+        self._selector.close()
+
+    def run(self, seconds: float, max_requests: int, server_pid: int | None = None) -> Sample:
+        """Keep every connection busy for ``seconds`` or until ``max_requests`` were sent;
+        ``server_pid``'s CPU time over the run is recorded too."""
+        sample = Sample()
+        server_cpu = None if server_pid is None else cpu_seconds(server_pid)
+        client_cpu = time.process_time()
+        start = time.perf_counter()
+        deadline = start + seconds
+        issued = 0
+        active: set[_Slot] = set()
+        for slot in self._slots[:max_requests]:
+            self._selector.register(slot.sock, selectors.EVENT_READ, slot)
+            self._start(slot, sample)
+            active.add(slot)
+            issued += 1
+        while active:
+            events = self._selector.select(timeout=1.0)
+            now = time.perf_counter()
+            if not events and now > deadline + _STALL_S:
+                sample.errors += len(active)
+                for slot in active:
+                    self._reconnect(slot)
+                    self._selector.unregister(slot.sock)
+                break
+            for key, mask in events:
+                slot = key.data
+                done = self._step(slot, mask, sample)
+                if not done:
+                    continue
+                now = time.perf_counter()
+                if now < deadline and issued < max_requests:
+                    self._start(slot, sample)
+                    issued += 1
+                else:
+                    self._selector.unregister(slot.sock)
+                    active.discard(slot)
+        sample.elapsed = time.perf_counter() - start
+        sample.client_cpu = time.process_time() - client_cpu
+        if server_pid is not None and server_cpu is not None:
+            sample.server_cpu = cpu_seconds(server_pid) - server_cpu
+        return sample
+
+    def _start(self, slot: _Slot, sample: Sample) -> None:
+        """Send the request; a connection the server has dropped meanwhile counts as an error
+        and is replaced once (a second failure means the server is gone)."""
+        for retry in (False, True):
+            slot.filled, slot.length, slot.sent = 0, None, 0
+            slot.started = time.perf_counter()
+            try:
+                self._send(slot)
+                return
+            except OSError:
+                if retry:
+                    raise
+                sample.errors += 1
+                self._reconnect(slot)
+
+    def _send(self, slot: _Slot) -> None:
+        """Send what the socket takes now; watch for writability only while bytes remain."""
+        total = len(self._request)
+        try:
+            while slot.sent < total:
+                slot.sent += slot.sock.send(self._request[slot.sent :])
+        except BlockingIOError:
+            pass
+        writing = slot.sent < total
+        if writing != slot.writing:
+            slot.writing = writing
+            mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
+            self._selector.modify(slot.sock, mask, slot)
+
+    def _step(self, slot: _Slot, mask: int, sample: Sample) -> bool:
+        """Advance one connection; True when its request is finished (answered or failed)."""
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._send(slot)
+            if not mask & selectors.EVENT_READ:
+                return False
+            if slot.filled == len(slot.buffer):
+                self._grow(slot, 2 * len(slot.buffer))
+            received = slot.sock.recv_into(slot.view[slot.filled :])
+            if received == 0:
+                raise ConnectionError("connection closed by the server")
+            slot.filled += received
+            if slot.length is None:
+                slot.length = self._framing.response_length(slot.buffer, slot.filled)
+                if slot.length is not None and slot.length > len(slot.buffer):
+                    self._grow(slot, slot.length)
+            if slot.length is None or slot.filled < slot.length:
+                return False
+            if slot.filled > slot.length:
+                raise ConnectionError("bytes after the end of the response")
+        except BlockingIOError:
+            return False
+        except OSError:
+            sample.errors += 1
+            self._reconnect(slot)
+            return True
+        sample.latencies.append(time.perf_counter() - slot.started)
+        sample.requests += 1
+        response = slot.view[: slot.length]
+        if not sample.first_response:
+            sample.first_response = bytes(response)
+        if not self._framing.ok(response):
+            sample.errors += 1
+        if slot.sent < len(self._request):  # answered early: the rest of the request is moot
+            self._reconnect(slot)
+        return True
+
+    def _grow(self, slot: _Slot, size: int) -> None:
+        buffer = bytearray(size)
+        buffer[: slot.filled] = slot.view[: slot.filled]
+        slot.view.release()
+        slot.buffer, slot.view = buffer, memoryview(buffer)
+
+    def _reconnect(self, slot: _Slot) -> None:
+        """Replace a failed connection in place, so the slot keeps its place in the loop."""
+        self._selector.unregister(slot.sock)
+        slot.sock.close()
+        slot.sock, slot.filled, slot.length, slot.writing = self._open_socket(), 0, None, False
+        self._selector.register(slot.sock, selectors.EVENT_READ, slot)
+
+
+def measure(
+    address: tuple[str, int],
+    request: bytes,
+    framing: Framing,
+    concurrency: int,
+    seconds: float,
+    max_requests: int,
+    response_capacity: int,
+    server_pid: int | None,
+) -> Sample:
+    """First one request alone (its response is the one to verify), then a short warm-up, then
+    the timed run; the returned sample carries that first response."""
+    generator = LoadGenerator(address, request, framing, concurrency, response_capacity)
+    try:
+        first = generator.run(seconds, 1)
+        generator.run(min(0.5, seconds / 5), max_requests)
+        sample = generator.run(seconds, max_requests, server_pid)
+    finally:
+        generator.close()
+    sample.first_response = first.first_response
+    return sample
+
+
+# --- socket echo baseline -------------------------------------------------------------------
+
+
+class EchoFraming:
+    """The echo server's reply has a length fixed by the request prefix."""
+
+    def __init__(self, reply_length: int) -> None:
+        self._reply_length = reply_length
+
+    def response_length(self, buffer: bytearray, filled: int) -> int | None:
+        return self._reply_length
+
+    def ok(self, response: memoryview) -> bool:
+        return True
+
+
+def echo_request(request_length: int, reply_length: int) -> bytes:
+    """A message of exactly ``request_length`` bytes asking for ``reply_length`` bytes back, so
+    the echo moves what the HTTP round trip moved."""
+    assert request_length >= _ECHO_PREFIX.size
+    return _ECHO_PREFIX.pack(request_length, reply_length) + bytes(
+        request_length - _ECHO_PREFIX.size
+    )
+
+
+class _EchoProtocol(asyncio.BufferedProtocol):
+    """Reads a length-prefixed message into a reused buffer and writes it back (cut or
+    zero-padded to the reply length asked for): what Python sockets cost with no serving."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(1 << 16)
+        self._view = memoryview(self._buffer)
+        self._filled = 0
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._filled == len(self._buffer):
+            self._grow(2 * len(self._buffer))
+        return self._view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        if self._filled < _ECHO_PREFIX.size:
+            return
+        total, reply = _ECHO_PREFIX.unpack_from(self._buffer)
+        if total > len(self._buffer):
+            self._grow(total)
+        if self._filled < total:
+            return
+        assert self._transport is not None
+        self._transport.write(self._view[: min(total, reply)])
+        if reply > total:
+            self._transport.write(bytes(reply - total))
+        self._filled = 0
+
+    def _grow(self, size: int) -> None:
+        buffer = bytearray(size)
+        buffer[: self._filled] = self._view[: self._filled]
+        self._view.release()
+        self._buffer, self._view = buffer, memoryview(buffer)
+
+
+def _echo_main(port_pipe: Connection) -> None:
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(_EchoProtocol, "127.0.0.1", 0)
+        port_pipe.send(server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()  # until the parent terminates this process
+
+    asyncio.run(serve())
+
+
+class EchoServer:
+    """The echo server in a child process of its own, as a server would be."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        receiver, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_echo_main, args=(sender,), daemon=True)
+        self._process.start()
+        if not receiver.poll(30):
+            self.stop()
+            raise RuntimeError("the echo server did not start")
+        self.address = ("127.0.0.1", int(receiver.recv()))
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    def stop(self) -> None:
+        """SIGTERM the child this object started, and only it."""
+        self._process.terminate()
+        self._process.join(10)
+
+
+# --- direct ONNX Runtime baseline -----------------------------------------------------------
+
+
+def ort_baseline(
+    model_file: Path,
+    inputs: Mapping[str, npt.NDArray[Any]],
+    seconds: float,
+    max_calls: int,
+) -> tuple[Sample, dict[str, npt.NDArray[Any]]]:
+    """Time ``InferenceSession.run`` in this process, one intra-op thread like the server's:
+    the cost of the model itself, which serving adds to."""
+    import onnxruntime as ort  # type: ignore[import-untyped]  # after the caller pinned threads
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    feed = dict(inputs)
+    outputs = dict(zip(names, session.run(names, feed), strict=True))
+    sample = Sample()
+    client_cpu = time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while sample.requests < max_calls:
+        began = time.perf_counter()
+        session.run(names, feed)
+        ended = time.perf_counter()
+        sample.latencies.append(ended - began)
+        sample.requests += 1
+        if ended >= deadline:
+            break
+    sample.elapsed = time.perf_counter() - start
+    sample.client_cpu = time.process_time() - client_cpu
+    return sample, outputs
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def machine_facts() -> dict[str, str]:
+    """What a reader needs to compare figures between runs."""
+    import onnxruntime as ort
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": str(len(os.sched_getaffinity(0))),
+        "cpu": cpu,
+        "python": sys.version.split()[0],
+        "onnxruntime": ort.__version__,
+        "platform": platform.platform(),
+        # Other work on the same cores shifts every figure; this says how busy they were.
+        "load_average_1min": f"{os.getloadavg()[0]:.2f}",
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fmt_number(value: float) -> str:
+    """Three significant figures or so, without exponents, thousands separated."""
+    if math.isnan(value):
+        return "n/a"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def fmt_ratio(value: float) -> str:
+    return f"{value:.3g}×" if value > 0 else "n/a"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,345 @@
+"""Unit tests for server.repository.loader: one model folder -> served versions (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.onnxruntime.backend import OnnxRuntimeBackend
+from scripts import make_models
+from server.generated import model_config_pb2 as mc
+from server.repository.loader import Model, State, load_model
+from server.scheduling.direct import DirectScheduler
+from server.settings import Settings
+
+BACKENDS = {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
+
+IDENTITY_CONFIG = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input {{ name: "{input}" data_type: TYPE_FP32 dims: [ 4 ] }}
+output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}
+instance_group {{ kind: KIND_CPU count: 1 }}
+{extra}
+"""
+
+
+@pytest.fixture
+def load(tmp_path: Path) -> Iterator[Callable[..., Model]]:
+    """``load(name, **kwargs)`` loads ``tmp_path/name``; READY schedulers are closed afterwards."""
+    loaded: list[Model] = []
+
+    def _load(name: str, settings: Settings | None = None, gpu_count: int = 0) -> Model:
+        model = load_model(tmp_path / name, BACKENDS, settings or Settings(), gpu_count)
+        loaded.append(model)
+        return model
+
+    yield _load
+    for model in loaded:
+        for version in model.versions.values():
+            if version.scheduler is not None:
+                version.scheduler.close()
+
+
+def _identity(
+    root: Path,
+    name: str,
+    version: int = 1,
+    dims: list[int | str] | None = None,
+    dtype: str = "FP32",
+) -> None:
+    model = make_models.identity(dtype, dims if dims is not None else [4])
+    make_models.save(model, root / name / str(version) / "model.onnx")
+
+
+def _write_config(root: Path, name: str, text: str) -> None:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    (root / name / "config.pbtxt").write_text(text)
+
+
+def _run(
+    scheduler: DirectScheduler, inputs: dict[str, np.ndarray], outputs: list[str]
+) -> dict[str, np.ndarray]:
+    return asyncio.run(scheduler.execute(inputs, outputs))
+
+
+# ---- success --------------------------------------------------------------------------------
+
+
+def test_autocompleted_model_is_ready(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "ident", dims=["batch", -1])
+    model = load("ident")
+    assert model.reason == ""
+    assert model.ready
+    assert model.ready_versions() == [1]
+    version = model.versions[1]
+    assert version.state is State.READY
+    assert version.reason == ""
+    assert isinstance(version.scheduler, DirectScheduler)
+    config = model.config
+    assert config is not None and version.config is config
+    assert config.name == "ident"
+    assert config.backend == "onnxruntime"
+    assert config.platform == "onnxruntime_onnx"
+    assert config.default_model_filename == "model.onnx"
+    assert config.max_batch_size == 4
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
+        ("INPUT0", mc.TYPE_FP32, [-1])
+    ]
+    assert config.version_policy.latest.num_versions == 1
+    group = config.instance_group[0]
+    assert (group.name, group.kind, group.count) == ("ident", mc.ModelInstanceGroup.KIND_CPU, 2)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = _run(version.scheduler, {"INPUT0": data}, ["OUTPUT0"])
+    assert np.array_equal(result["OUTPUT0"], data)
+
+
+def test_model_with_config_is_ready_and_runs(tmp_path: Path, load: Callable[..., Model]) -> None:
+    make_models.save(make_models.add_sub("INT32", 16), tmp_path / "simple" / "1" / "model.onnx")
+    _write_config(
+        tmp_path,
+        "simple",
+        make_models.config_pbtxt(
+            "simple",
+            8,
+            inputs=[("INPUT0", "INT32", [16]), ("INPUT1", "INT32", [16])],
+            outputs=[("OUTPUT0", "INT32", [16]), ("OUTPUT1", "INT32", [16])],
+        ),
+    )
+    model = load("simple")
+    assert model.ready, model.reason
+    config = model.config
+    assert config is not None
+    assert config.max_batch_size == 8
+    assert config.WhichOneof("scheduling_choice") is None  # complete config: not auto-completed
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int32)
+    scheduler = model.versions[1].scheduler
+    assert scheduler is not None
+    result = _run(scheduler, {"INPUT0": a, "INPUT1": b}, ["OUTPUT1", "OUTPUT0"])
+    assert result["OUTPUT0"].tolist() == (a + b).tolist()
+    assert result["OUTPUT1"].tolist() == (a - b).tolist()
+
+
+def test_latest_policy_loads_only_the_newest(tmp_path: Path, load: Callable[..., Model]) -> None:
+    for version in (1, 3, 2):
+        _identity(tmp_path, "m", version)
+    model = load("m")
+    assert sorted(model.versions) == [3]
+    assert model.ready
+
+
+def test_all_policy_loads_every_version(tmp_path: Path, load: Callable[..., Model]) -> None:
+    for version in (1, 2):
+        _identity(tmp_path, "m", version)
+    _write_config(tmp_path, "m", "version_policy { all { } }\n")
+    model = load("m")
+    assert model.ready_versions() == [1, 2]
+
+
+def test_backend_config_default_max_batch_size(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m", dims=["batch", 4])
+    settings = Settings(backend_config={"onnxruntime": {"default-max-batch-size": "16"}})
+    model = load("m", settings)
+    assert model.config is not None and model.config.max_batch_size == 16
+
+
+def test_backend_found_by_platform_only(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", 'platform: "onnxruntime_onnx"\n')
+    model = load("m")
+    assert model.ready
+    assert model.config is not None and model.config.backend == "onnxruntime"
+
+
+# ---- refusals ---------------------------------------------------------------------------------
+
+
+def test_config_name_mismatch(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "dirname")
+    _write_config(tmp_path, "dirname", 'name: "other"\n')
+    model = load("dirname")
+    assert not model.ready
+    assert model.config is None
+    assert model.versions == {}
+    assert model.reason == (
+        "unexpected directory name 'dirname' for model 'other', directory name must equal model name"
+    )
+
+
+def test_unknown_backend(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", 'backend: "tensorflow"\n')
+    model = load("m")
+    assert not model.ready and model.versions == {}
+    assert model.reason == "unsupported backend 'tensorflow' for model 'm'"
+
+
+def test_unknown_platform(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", 'platform: "tensorrt_plan"\n')
+    model = load("m")
+    assert model.reason == "unsupported platform 'tensorrt_plan' for model 'm'"
+
+
+def test_platform_backend_mismatch(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", 'backend: "onnxruntime" platform: "pytorch_libtorch"\n')
+    model = load("m")
+    assert (
+        model.reason
+        == "platform 'pytorch_libtorch' does not match backend 'onnxruntime' for model 'm'"
+    )
+
+
+def test_no_backend_can_be_found(tmp_path: Path, load: Callable[..., Model]) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.pt").write_bytes(b"")
+    model = load("m")
+    assert not model.ready
+    assert model.reason.startswith("unable to find a backend for model 'm'")
+
+
+def test_unparsable_config(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", "max_batch_sise: 3\n")
+    model = load("m")
+    assert not model.ready
+    assert model.reason.startswith("failed to parse config.pbtxt of model 'm'")
+
+
+def test_no_version_folder(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=""))
+    model = load("m")
+    assert not model.ready
+    assert model.versions == {}
+    assert model.reason == "no version folder to load for model 'm'"
+
+
+def test_missing_version_folder_for_a_specific_version(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m", 1)
+    extra = "version_policy { specific { versions: [ 1, 3 ] } }"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    model = load("m")
+    assert model.versions[1].state is State.READY
+    assert model.versions[3].state is State.UNAVAILABLE
+    assert model.versions[3].scheduler is None
+    assert model.versions[3].reason == "model file 3/model.onnx not found"
+    assert model.ready_versions() == [1]
+    assert not model.ready
+
+
+def test_missing_model_file_in_the_latest_version_folder(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    """A complete config needs no model file to be read before the versions load: version 2's
+    missing file makes version 2 UNAVAILABLE, and version 1 still loads."""
+    _identity(tmp_path, "m", 1)
+    (tmp_path / "m" / "2").mkdir()  # folder without model.onnx
+    extra = "version_policy { specific { versions: [ 1, 2 ] } }"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    model = load("m")
+    assert model.reason == ""
+    assert model.versions[1].state is State.READY
+    assert model.versions[2].state is State.UNAVAILABLE
+    assert model.versions[2].reason == "model file 2/model.onnx not found"
+
+
+def test_kind_gpu_group_with_a_gpu_is_unavailable_with_reason(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    text = IDENTITY_CONFIG.format(name="m", input="INPUT0", extra="").replace(
+        "KIND_CPU", "KIND_GPU"
+    )
+    _write_config(tmp_path, "m", text)
+    model = load("m", gpu_count=1)
+    version = model.versions[1]
+    assert version.state is State.UNAVAILABLE
+    assert version.scheduler is None
+    assert "KIND_GPU" in version.reason
+    assert "CUDA" in version.reason
+    assert not model.ready
+
+
+def test_kind_gpu_group_without_gpus_is_refused(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    text = IDENTITY_CONFIG.format(name="m", input="INPUT0", extra="").replace(
+        "KIND_CPU", "KIND_GPU"
+    )
+    _write_config(tmp_path, "m", text)
+    model = load("m", gpu_count=0)
+    assert not model.ready
+    assert (
+        model.reason == "instance group m_0 of model m has kind KIND_GPU but no GPUs are available"
+    )
+
+
+def test_config_input_not_in_the_onnx_file(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="WRONG", extra=""))
+    model = load("m")
+    version = model.versions[1]
+    assert version.state is State.UNAVAILABLE
+    assert version.reason == (
+        "unable to load model 'm': configuration expects input 'WRONG' but the model has ['INPUT0']"
+    )
+    assert not model.ready
+
+
+def test_config_datatype_differs_from_the_onnx_file(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m", dtype="INT32")
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=""))
+    model = load("m")
+    assert model.versions[1].state is State.UNAVAILABLE
+    assert model.versions[1].reason == (
+        "unable to load model 'm': input 'INPUT0' has datatype TYPE_INT32 in the model but "
+        "TYPE_FP32 in the configuration"
+    )
+
+
+def test_corrupt_model_file(tmp_path: Path, load: Callable[..., Model]) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=""))
+    model = load("m")
+    assert model.versions[1].state is State.UNAVAILABLE
+    assert model.versions[1].reason.startswith("unable to load model 'm': ")
+
+
+def test_corrupt_model_file_without_config(tmp_path: Path, load: Callable[..., Model]) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    model = load("m")
+    assert not model.ready
+    assert model.reason.startswith("unable to load model 'm': ")
+
+
+def test_auto_complete_disabled_needs_a_full_config(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    model = load("m", Settings(disable_auto_complete_config=True))
+    assert not model.ready
+    assert model.reason == "model 'm' must specify at least one input"
+
+
+def test_autofill_refuses_max_batch_for_unbatchable_model(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m", dims=[4])
+    _write_config(tmp_path, "m", "max_batch_size: 4\n")
+    model = load("m")
+    assert model.reason == (
+        "autofill failed for model 'm': model does not support batching while non-zero "
+        "max_batch_size is specified"
+    )
