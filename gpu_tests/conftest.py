@@ -12,7 +12,7 @@ def _cuda_device_count() -> int:
         return 0
     try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # no driver, no device: CuPy raises its own runtime errors
+    except RuntimeError:  # no driver or no device: CUDARuntimeError is a RuntimeError
         return 0
 
 

@@ -26,22 +26,22 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
     "IR_VERSION",
+    "NUMERIC_V2_DATATYPES",
     "OPSET",
     "PRODUCER_NAME",
     "PRODUCER_VERSION",
     "V2_DATATYPES",
-    "V2_TO_ONNX",
     "V2_TO_CONFIG",
-    "NUMERIC_V2_DATATYPES",
+    "V2_TO_ONNX",
     "Dim",
     "add_sub",
-    "identity",
-    "mlp",
     "config_pbtxt",
-    "save",
-    "write_text",
-    "write_example_repository",
+    "identity",
     "main",
+    "mlp",
+    "save",
+    "write_example_repository",
+    "write_text",
 ]
 
 #: ONNX opset and IR version of every generated model.  IR 8 is the IR that

@@ -16,9 +16,9 @@ import orjson
 from server.errors import InvalidArgument, Unsupported
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes, json_codec
-from server.protocol.json_codec import MAX_JSON_DEPTH
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
+from server.protocol.json_codec import MAX_JSON_DEPTH
 from server.protocol.shapes import element_count
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 

@@ -10,6 +10,7 @@ batch dimension when batching).
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from backends.base import ModelSignature, TensorInfo
 from server.errors import ModelLoadError
@@ -61,7 +62,7 @@ def autocomplete(config: mc.ModelConfig, signature: ModelSignature, default_max_
 
 def _fill_tensor(tensor: mc.ModelInput | mc.ModelOutput, info: TensorInfo, batching: bool) -> None:
     tensor.name = info.name
-    tensor.data_type = mc.DataType.Value(info.datatype.config_name)
+    tensor.data_type = cast(mc.DataType, mc.DataType.Value(info.datatype.config_name))
     dims = list(info.shape[1:] if batching else info.shape)
     if dims:
         tensor.dims.extend(dims)

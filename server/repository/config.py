@@ -8,7 +8,7 @@ way Triton's model configuration extension does (triton-facts §3.5).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import descriptor, json_format, text_format
 
@@ -62,7 +62,7 @@ def to_json(config: ModelConfig) -> dict[str, Any]:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    _int64_to_numbers(config.DESCRIPTOR, data)
+    _int64_to_numbers(cast(descriptor.Descriptor, config.DESCRIPTOR), data)
     return data
 
 

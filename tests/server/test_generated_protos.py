@@ -19,7 +19,7 @@ def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
     committed = ROOT / "server" / "generated"
     names = sorted(p.name for p in out.iterdir() if p.suffix in (".py", ".pyi"))
     assert names == sorted(p.name for p in committed.iterdir() if p.suffix in (".py", ".pyi"))
-    match, mismatch, errors = filecmp.cmpfiles(committed, out, names, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(committed, out, names, shallow=False)
     assert not mismatch and not errors, (
         f"stale generated modules {mismatch + errors}: run python scripts/gen_protos.py"
     )
