@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from server.errors import InvalidArgument
+from server.generated import model_config_pb2 as mc
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ _ALL = (
 
 BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
 BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
+_BY_CONFIG_ENUM: dict[int, DataType] = {mc.DataType.Value(d.config_name): d for d in _ALL}
 # Little-endian numpy dtypes; BYTES (object) is handled by the BYTES codec, not by dtype.
 _BY_DTYPE: dict[np.dtype, DataType] = {d.dtype: d for d in _ALL if not d.is_bytes}
 
@@ -73,6 +75,14 @@ def from_config_name(config_name: str) -> DataType:
     found = BY_CONFIG_NAME.get(config_name)
     if found is None:
         raise InvalidArgument(f"unsupported model config datatype {config_name}")
+    return found
+
+
+def from_config_enum(value: int) -> DataType:
+    """The datatype for a model-config ``DataType`` enum number."""
+    found = _BY_CONFIG_ENUM.get(value)
+    if found is None:
+        raise InvalidArgument(f"unsupported model config datatype {value}")
     return found
 
 

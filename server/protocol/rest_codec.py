@@ -186,7 +186,7 @@ def decode_raw_request(
             f"{len(config.input)} inputs in '{model}' model configuration"
         )
     spec = config.input[0]
-    datatype = datatypes.from_config_name(mc.DataType.Name(spec.data_type))
+    datatype = datatypes.from_config_enum(spec.data_type)
     dims = list(spec.dims)
     if datatype.is_bytes:
         if dims != [1]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from backends.base import Backend, ModelInstance, Placement
 from server.errors import InferenceServerError, ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
 from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.versions import available_versions, select_versions
@@ -42,6 +43,7 @@ class ModelVersion:
     state: State
     reason: str = ""
     config: mc.ModelConfig | None = None
+    spec: ModelSpec | None = None
     scheduler: DirectScheduler | None = None
 
 
@@ -171,6 +173,7 @@ def _load_version(
         result.reason = exc.message
         log.error("failed to load '%s' version %d: %s", config.name, version, exc.message)
         return result
+    result.spec = ModelSpec.from_config(config)
     result.scheduler = DirectScheduler(f"{config.name}-{version}", instances)
     result.state = State.READY
     log.info("successfully loaded '%s' version %d", config.name, version)

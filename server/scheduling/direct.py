@@ -1,38 +1,35 @@
 """The direct scheduler: each request runs alone on the next free model instance.
 
-Every instance has its own worker thread (ONNX Runtime releases the GIL while it runs), so the
-event loop never computes. Free instances wait in a queue; a request takes one, runs on its
-thread, and hands it back.
+Free instances wait in a queue; a request takes one, runs on it (see ``runner`` for where the
+execution happens), and hands it back, so every instance serves and none is used twice at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from backends.base import ModelInstance
+from server.scheduling.runner import InstanceRunner
 
 
 class DirectScheduler:
     """Runs requests one by one on whichever of the model's instances is free."""
 
     def __init__(self, name: str, instances: Sequence[ModelInstance]) -> None:
-        self._instances = list(instances)
-        self._threads = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{index}")
-            for index in range(len(self._instances))
+        self._runners = [
+            InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
-        self._free: asyncio.Queue[int] | None = None
+        self._free: asyncio.Queue[InstanceRunner] | None = None
 
-    def _free_queue(self) -> asyncio.Queue[int]:
+    def _free_queue(self) -> asyncio.Queue[InstanceRunner]:
         # Created on first use so that it belongs to the serving event loop.
         if self._free is None:
             self._free = asyncio.Queue()
-            for index in range(len(self._instances)):
-                self._free.put_nowait(index)
+            for runner in self._runners:
+                self._free.put_nowait(runner)
         return self._free
 
     async def execute(
@@ -40,19 +37,13 @@ class DirectScheduler:
     ) -> dict[str, np.ndarray]:
         """Run one request on a free instance and return its outputs."""
         free = self._free_queue()
-        index = await free.get()
+        runner = await free.get()
         try:
-            loop = asyncio.get_running_loop()
-            instance = self._instances[index]
-            return await loop.run_in_executor(
-                self._threads[index], instance.execute, inputs, output_names
-            )
+            return await runner.run(inputs, output_names)
         finally:
-            free.put_nowait(index)
+            free.put_nowait(runner)
 
     def close(self) -> None:
-        """Stop the worker threads (after their current work) and release the instances."""
-        for thread in self._threads:
-            thread.shutdown(wait=True)
-        for instance in self._instances:
-            instance.close()
+        """Stop the worker threads and release the instances."""
+        for runner in self._runners:
+            runner.close()

@@ -9,14 +9,15 @@ from google.protobuf import text_format
 from server.errors import InvalidArgument
 from server.generated import model_config_pb2
 from server.protocol import datatypes
+from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest, InputTensor, RequestedOutput
 from server.protocol.validation import PreparedRequest, validate
 
 DT = datatypes.BY_NAME
 
 
-def _config(text: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
+def _config(text: str) -> ModelSpec:
+    return ModelSpec.from_config(text_format.Parse(text, model_config_pb2.ModelConfig()))
 
 
 SIMPLE = _config(
@@ -61,7 +62,7 @@ def _simple(rows: int = 1) -> list[InputTensor]:
     return [_tensor("INPUT0", "INT32", (rows, 16)), _tensor("INPUT1", "INT32", (rows, 16))]
 
 
-def _invalid(request: InferRequest, config: model_config_pb2.ModelConfig) -> str:
+def _invalid(request: InferRequest, config: ModelSpec) -> str:
     with pytest.raises(InvalidArgument) as err:
         validate(request, config)
     assert err.value.http_status == 400
@@ -91,9 +92,9 @@ def test_requested_outputs_in_request_order() -> None:
     assert validate(request, SIMPLE).output_names == ["OUTPUT1", "OUTPUT0"]
 
 
-def test_empty_requested_outputs_list() -> None:
+def test_empty_requested_outputs_list_means_every_output() -> None:
     request = _request(*_simple(), outputs=[])
-    assert validate(request, SIMPLE).output_names == []
+    assert validate(request, SIMPLE).output_names == ["OUTPUT0", "OUTPUT1"]
 
 
 def test_non_batching_model_batch_size_one_and_variable_dim() -> None:
