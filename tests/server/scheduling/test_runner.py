@@ -1,0 +1,93 @@
+"""InstanceRunner: executions move inline once they prove cheap, and back when they slow."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from backends.base import ModelInstance
+from server.scheduling.runner import INLINE_BELOW_S, InstanceRunner
+
+
+class RecordingInstance(ModelInstance):
+    """Echoes its input; records the thread of each call and sleeps ``delay_s``."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.delay_s = 0.0
+        self.closed = False
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return {name: inputs["x"] for name in output_names}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_fast_model_moves_inline_then_back_to_its_thread_when_slow() -> None:
+    instance = RecordingInstance()
+    runner = InstanceRunner("m-0", instance)
+    main = threading.current_thread().name
+
+    async def run_many(count: int) -> None:
+        for _ in range(count):
+            out = await runner.run({"x": np.arange(3)}, ["y"])
+            np.testing.assert_array_equal(out["y"], np.arange(3))
+
+    asyncio.run(run_many(12))
+    assert instance.threads[0].startswith("m-0")  # timed on the worker first
+    assert instance.threads[-1] == main  # then inline
+    assert runner.runs_inline
+
+    instance.delay_s = 20 * INLINE_BELOW_S
+    asyncio.run(run_many(1))  # a slow inline run pushes the average up
+    assert not runner.runs_inline
+    asyncio.run(run_many(1))
+    assert instance.threads[-1].startswith("m-0")
+    runner.close()
+    assert instance.closed
+
+
+def test_slow_model_stays_on_its_thread() -> None:
+    instance = RecordingInstance()
+    instance.delay_s = 3 * INLINE_BELOW_S
+    runner = InstanceRunner("slow-0", instance)
+
+    async def run_many() -> None:
+        for _ in range(12):
+            await runner.run({"x": np.arange(2)}, ["y"])
+
+    asyncio.run(run_many())
+    assert all(name.startswith("slow-0") for name in instance.threads)
+    runner.close()
+
+
+def test_model_errors_reach_the_caller() -> None:
+    class Failing(RecordingInstance):
+        def execute(
+            self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        ) -> dict[str, np.ndarray]:
+            raise RuntimeError("model exploded")
+
+    runner = InstanceRunner("f-0", Failing())
+
+    async def run_once() -> None:
+        await runner.run({"x": np.arange(1)}, ["y"])
+
+    for _ in range(10):  # on the thread and, once timed as fast, inline
+        try:
+            asyncio.run(run_once())
+        except RuntimeError as exc:
+            assert "model exploded" in str(exc)
+        else:
+            raise AssertionError("the model's error was swallowed")
+    runner.close()
