@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -632,3 +633,20 @@ def test_keep_alive_after_refusal(server: ServerProcess) -> None:
         _assert_json_simple(results)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_json_input_is_accepted(server: ServerProcess, datatype: str) -> None:
+    """Unlike Triton, FP16 and BF16 are taken in JSON too (tritonclient refuses BF16 JSON
+    client-side, so this goes raw); values round to the nearest representable number."""
+    dtype = np.float16 if datatype == "FP16" else ml_dtypes.bfloat16
+    values = [1.5, -2.0, 0.1, 65504.0 if datatype == "FP16" else 3.0e38]
+    body = {
+        "inputs": [json_input("INPUT0", datatype, [1, 4], values)],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }
+    header, blob = split_binary(post_json(server, f"dt_{datatype.lower()}", body))
+    assert header["outputs"][0]["datatype"] == datatype
+    np.testing.assert_array_equal(
+        np.frombuffer(blob, dtype=dtype), np.array(values, dtype=np.float64).astype(dtype)
+    )
