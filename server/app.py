@@ -22,7 +22,7 @@ from server.settings import Settings
 
 log = logging.getLogger("server")
 
-_CHUNK_SIZE = 1 << 20  # read the socket in 1 MiB pieces: fewer data_received calls
+_CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
 _IDLE_TIMEOUT_SECS = 300  # Tornado's default keeps an idle keep-alive connection for an hour
 
 
