@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from server import __version__
-from server.errors import InternalError
+from server.errors import InferenceServerError, InternalError
 from server.generated import model_config_pb2 as mc
 from server.protocol.model_spec import TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
@@ -88,7 +88,14 @@ class DataPlane:
         spec = _required(served.spec)
         scheduler = _required(served.scheduler)
         prepared = validate(request, spec)
-        results = await scheduler.execute(prepared.inputs, prepared.output_names)
+        try:
+            results = await scheduler.execute(prepared.inputs, prepared.output_names)
+        except InferenceServerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a model fault fails only this request
+            raise InternalError(
+                f"model '{spec.name}' version {served.version} failed: {exc}"
+            ) from exc
         outputs = []
         for name in prepared.output_names:
             declared = spec.outputs[name]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from scripts import make_models
 
 #: Every V2 datatype; a ``dt_<type>`` identity model exists for each.
@@ -16,7 +20,8 @@ def identity_name(datatype: str) -> str:
 
 def build_datatype_repository(root: Path) -> Path:
     """``dt_<type>`` identities ([batch, -1], auto-completed) for every datatype, ``add_sub_fp32``,
-    a non-batching identity with a config, and a raw-request model with two variable dims."""
+    a non-batching identity with a config, raw-request models, and ``rows_of_three``, which
+    fails inside ONNX Runtime on some inputs."""
     for datatype in DATATYPES:
         make_models.save(
             make_models.identity(datatype, ["batch", -1]),
@@ -33,4 +38,20 @@ def build_datatype_repository(root: Path) -> Path:
     make_models.save(
         make_models.identity("BYTES", ["batch", 1]), root / "bytes_one" / "1" / "model.onnx"
     )
+    make_models.save(_reshape_to_rows_of_three(), root / "rows_of_three" / "1" / "model.onnx")
     return root
+
+
+def _reshape_to_rows_of_three() -> onnx.ModelProto:
+    """FP32 [batch, -1] -> [-1, 3]: fails inside ONNX Runtime when the element count is not a
+    multiple of 3 (a model fault the server must answer with 500 and survive)."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["INPUT0", "shape"], ["OUTPUT0"])],
+        "rows_of_three",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["rows", 3])],
+        [numpy_helper.from_array(np.array([-1, 3], dtype=np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
+    model.ir_version = make_models.IR_VERSION
+    return model

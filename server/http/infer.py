@@ -7,13 +7,14 @@ response. Binary outputs are written as memoryviews after the JSON header, never
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import tornado.web
 
-from server.errors import InferenceServerError, Unsupported, to_server_error
+from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
 from server.http import body as http_body
-from server.http.base import BaseHandler
+from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
 from server.protocol import binary, rest_codec
 from server.protocol.types import InferRequest
@@ -32,6 +33,7 @@ class InferHandler(BaseHandler):
         self.pool = pool
         self._receiver: http_body.BodyReceiver | None = None
         self._in_post = False
+        self._request_id: str | None = None
 
     def prepare(self) -> None:
         headers = self.request.headers
@@ -68,8 +70,11 @@ class InferHandler(BaseHandler):
             await self._infer(model, version or "")
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
             error = to_server_error(exc)
-            if not isinstance(exc, InferenceServerError):
-                self.log_exception(type(exc), exc, exc.__traceback__)
+            if isinstance(error, InternalError):  # the server's fault: keep a trace of it
+                log.error(
+                    "internal error for request id %r to model '%s': %s",
+                    self._request_id, model, error.message, exc_info=exc,
+                )
             self.send_server_error(error)
         finally:
             self._release()
@@ -78,13 +83,16 @@ class InferHandler(BaseHandler):
         assert self._receiver is not None
         body = self._receiver.body()
         if self._encoding is not None:
-            body = memoryview(
-                http_body.decompress(body, self._encoding, self.settings_.http_max_input_size)
+            # zlib releases the GIL: inflate off the event loop.
+            inflated = await asyncio.to_thread(
+                http_body.decompress, body, self._encoding, self.settings_.http_max_input_size
             )
+            body = memoryview(inflated)
         header_length = binary.parse_header_length(
             self.request.headers.get("Inference-Header-Content-Length"), len(body)
         )
         request = self._decode(body, header_length, model, version)
+        self._request_id = request.id
         response = await self.dataplane.infer(request)
         encoded = rest_codec.encode_response(response, request)
         await self._write_response(encoded)
