@@ -92,7 +92,7 @@ class DataPlane:
             results = await scheduler.execute(prepared.inputs, prepared.output_names)
         except InferenceServerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a model fault fails only this request
+        except Exception as exc:  # a model fault fails only this request
             raise InternalError(
                 f"model '{spec.name}' version {served.version} failed: {exc}"
             ) from exc
