@@ -15,6 +15,7 @@ from backends.onnxruntime.backend import OnnxRuntimeBackend
 from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
+from server.grpc.server import GrpcServer
 from server.http.server import make_app
 from server.memory.host_pool import HostBufferPool
 from server.repository.manager import ModelRepository
@@ -61,22 +62,9 @@ async def serve(settings: Settings) -> int:
         return 1
 
     dataplane = DataPlane(settings, repository)
-    pool = HostBufferPool()
-    http_server: HTTPServer | None = None
-    if settings.allow_http:
-        http_server = HTTPServer(
-            make_app(dataplane, settings, pool),
-            # Slack above the limit so that our own check, which answers 400, runs before
-            # Tornado's, which just drops the connection (chunked bodies).
-            max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
-            chunk_size=_CHUNK_SIZE,
-            idle_connection_timeout=_IDLE_TIMEOUT_SECS,
-        )
-        sockets = bind_sockets(settings.http_port, settings.http_address)
-        http_server.add_sockets(sockets)
-        port = sockets[0].getsockname()[1]
-        log.info("Started HTTPService at %s:%d", settings.http_address, port)
+    http_server = _start_http(settings, dataplane) if settings.allow_http else None
     dataplane.set_live(True)
+    grpc_server = await _start_grpc(settings, dataplane) if settings.allow_grpc else None
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -86,6 +74,8 @@ async def serve(settings: Settings) -> int:
 
     log.info("stopping: signal received")
     dataplane.set_live(False)
+    if grpc_server is not None:
+        await grpc_server.stop(grace_secs=settings.exit_timeout_secs)
     if http_server is not None:
         http_server.stop()
         try:
@@ -97,6 +87,30 @@ async def serve(settings: Settings) -> int:
     repository.close()
     log.info("stopped")
     return 0
+
+
+def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:
+    server = HTTPServer(
+        make_app(dataplane, settings, HostBufferPool()),
+        # Slack above the limit so that our own check, which answers 400, runs before
+        # Tornado's, which just drops the connection (chunked bodies).
+        max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
+        chunk_size=_CHUNK_SIZE,
+        idle_connection_timeout=_IDLE_TIMEOUT_SECS,
+    )
+    sockets = bind_sockets(settings.http_port, settings.http_address)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    log.info("Started HTTPService at %s:%d", settings.http_address, port)
+    return server
+
+
+async def _start_grpc(settings: Settings, dataplane: DataPlane) -> GrpcServer:
+    server = GrpcServer(dataplane)
+    port = server.bind(settings.grpc_address, settings.grpc_port)
+    await server.start()
+    log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, port)
+    return server
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,10 +19,9 @@ from server.protocol import datatypes, json_codec
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.json_codec import MAX_JSON_DEPTH
+from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
-
-_RESERVED_PREFIX = "triton_"
 
 
 @dataclass
@@ -83,12 +82,7 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
 
 def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
     params = _parameters(header, "the request")
-    for key in params:
-        if key.startswith(_RESERVED_PREFIX):
-            raise InvalidArgument(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                "not be specified."
-            )
+    check_request_parameters(params)
     if "binary_data_output" in params and not isinstance(params["binary_data_output"], bool):
         raise InvalidArgument("Unable to parse 'binary_data_output': expected a boolean")
     return params

@@ -1,0 +1,59 @@
+"""The grpc.aio server: the inference service and ``grpc.health.v1.Health`` on one port, in the
+same event loop as HTTP."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from server.dataplane import DataPlane
+from server.generated import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.servicer import InferenceServicer
+
+#: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
+MAX_MESSAGE_SIZE = 2**31 - 1
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+class GrpcServer:
+    """Owns the grpc.aio server and keeps the health service in step with readiness."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+            ]
+        )
+        # The generated registration function carries no annotations.
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            InferenceServicer(dataplane), self._server
+        )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+
+    def bind(self, address: str, port: int) -> int:
+        """Listen on ``address:port`` (0 picks a free port); the bound port."""
+        bound = self._server.add_insecure_port(f"{address}:{port}")
+        if bound == 0:
+            raise OSError(f"unable to bind the gRPC service to {address}:{port}")
+        return bound
+
+    async def start(self) -> None:
+        await self._server.start()
+        await self.update_health()
+
+    async def update_health(self) -> None:
+        """SERVING while the server is ready, NOT_SERVING otherwise ("" = the whole server)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self._dataplane.ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, status)
+
+    async def stop(self, grace_secs: float) -> None:
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_secs)

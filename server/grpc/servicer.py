@@ -1,0 +1,193 @@
+"""``inference.GRPCInferenceService`` over grpc.aio: translate, call the data plane, translate.
+
+Errors come from the shared hierarchy and map to gRPC codes through ``server.errors``; no RPC
+chooses a code itself. RPCs whose extension has not landed answer UNIMPLEMENTED, naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from server.dataplane import DataPlane
+from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
+from server.generated import grpc_service_pb2 as pb
+from server.generated import grpc_service_pb2_grpc as pb_grpc
+from server.protocol import grpc_codec
+
+log = logging.getLogger("server.grpc")
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[Any, Request, Context], Awaitable[Response]]
+
+
+def status_code(error: InferenceServerError) -> grpc.StatusCode:
+    """The gRPC code of an error, from the one table in ``server.errors``."""
+    code: grpc.StatusCode = getattr(grpc.StatusCode, error.grpc_status_name)
+    return code
+
+
+def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+    """Answer a failing unary RPC with its error's code and message."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Request, context: Context) -> Response:
+        try:
+            return await handler(self, request, context)
+        except Exception as exc:
+            error = to_server_error(exc)
+            if isinstance(error, InternalError):
+                log.error("internal error in %s: %s", handler.__name__, error.message, exc_info=exc)
+            await context.abort(status_code(error), error.message)
+            raise  # abort() raises; this line is never reached
+
+    return wrapped
+
+
+def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
+    @_unary
+    async def handler(self: Any, request: Any, context: Context) -> Any:
+        raise Unsupported(f"{rpc} is not implemented yet ({area})")
+
+    handler.__name__ = rpc
+    return handler
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The V2 gRPC service, backed by the same data plane as HTTP."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    @_unary
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Context
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    @_unary
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Context
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    @_unary
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Context
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(
+            ready=self._dataplane.model_ready(request.name, request.version)
+        )
+
+    @_unary
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
+
+    @_unary
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        meta = self._dataplane.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]],
+            outputs=[tensor(**t) for t in meta["outputs"]],
+        )
+
+    @_unary
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(
+            config=self._dataplane.model_config(request.name, request.version)
+        )
+
+    @_unary
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        return await self._infer(request, final_flag=False)
+
+    async def _infer(self, request: pb.ModelInferRequest, final_flag: bool) -> pb.ModelInferResponse:
+        # Resolve the model first, so an unknown model is reported as such whatever the body.
+        self._dataplane.model_config(request.model_name, request.model_version)
+        response = await self._dataplane.infer(grpc_codec.decode_request(request))
+        return grpc_codec.encode_response(response, final_flag)
+
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        context: Context,
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests run concurrently; each reply goes out when ready (maybe out of order) and
+        carries its request's id. A failed request is an ``error_message`` reply: the stream
+        stays open."""
+        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            try:
+                reply = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, final_flag=True)
+                )
+            except Exception as exc:
+                error = to_server_error(exc)
+                if isinstance(error, InternalError):
+                    log.error("internal error in ModelStreamInfer: %s", error.message, exc_info=exc)
+                reply = pb.ModelStreamInferResponse(
+                    error_message=error.message,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    ),
+                )
+            replies.put_nowait(reply)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(answer(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.wait(list(running))
+            replies.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                yield reply
+            await reader  # surfaces a failure to read the request stream
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    ModelStatistics = _not_yet("ModelStatistics", "statistics extension: observability issue")
+    RepositoryIndex = _not_yet("RepositoryIndex", "model repository extension: lifecycle issue")
+    RepositoryModelLoad = _not_yet(
+        "RepositoryModelLoad", "model repository extension: lifecycle issue"
+    )
+    RepositoryModelUnload = _not_yet(
+        "RepositoryModelUnload", "model repository extension: lifecycle issue"
+    )
+    SystemSharedMemoryStatus = _not_yet("SystemSharedMemoryStatus", "shared memory issue")
+    SystemSharedMemoryRegister = _not_yet("SystemSharedMemoryRegister", "shared memory issue")
+    SystemSharedMemoryUnregister = _not_yet("SystemSharedMemoryUnregister", "shared memory issue")
+    CudaSharedMemoryStatus = _not_yet("CudaSharedMemoryStatus", "shared memory issue")
+    CudaSharedMemoryRegister = _not_yet("CudaSharedMemoryRegister", "shared memory issue")
+    CudaSharedMemoryUnregister = _not_yet("CudaSharedMemoryUnregister", "shared memory issue")
+    TraceSetting = _not_yet("TraceSetting", "trace extension")
+    LogSettings = _not_yet("LogSettings", "logging extension")

@@ -1,0 +1,199 @@
+"""The gRPC wire format: ``inference.ModelInferRequest``/``ModelInferResponse`` <-> core records.
+
+Inputs come from ``raw_input_contents`` (one entry per input, in input order, BYTES length-
+prefixed) or from typed ``contents`` (``fp32_contents``, ``bytes_contents``, ...), never both in
+one request. Responses always carry ``raw_output_contents``, one entry per output in order:
+perf_analyzer indexes it blindly and ``tritonclient`` reads nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from server.errors import InvalidArgument, Unsupported
+from server.generated import grpc_service_pb2 as pb
+from server.protocol import datatypes
+from server.protocol.binary import serialize_bytes, tensor_from_bytes
+from server.protocol.datatypes import DataType
+from server.protocol.parameters import check_request_parameters
+from server.protocol.shapes import element_count, reshape
+from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+
+#: Reserved keys the C++ client sends on every request (accepted, no effect on a
+#: non-decoupled model).
+ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
+FINAL_RESPONSE = "triton_final_response"
+_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+# datatype name -> the InferTensorContents field that carries it
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameter_value(param: pb.InferParameter) -> Any:
+    """The Python value of an ``InferParameter`` of any kind (None when unset)."""
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def _parameters(params: Any, what: str) -> dict[str, Any]:
+    values = {key: parameter_value(value) for key, value in params.items()}
+    for key, value in values.items():
+        if value is None:
+            raise InvalidArgument(f"parameter '{key}' of {what} has no value")
+    return values
+
+
+def _request_parameters(msg: pb.ModelInferRequest) -> dict[str, Any]:
+    params = _parameters(msg.parameters, "the request")
+    check_request_parameters(params, ALLOWED_RESERVED)
+    if "timeout" in params and msg.parameters["timeout"].WhichOneof("parameter_choice") != (
+        "int64_param"
+    ):
+        raise InvalidArgument("Unable to parse 'timeout': expected an int64 parameter")
+    return params
+
+
+def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
+    """Build an ``InferRequest`` from a ``ModelInferRequest``."""
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    if raw:
+        if any(tensor.HasField("contents") for tensor in msg.inputs):
+            raise InvalidArgument(
+                "contents field must not be specified when using raw_input_contents for "
+                f"model '{model}'"
+            )
+        if len(raw) != len(msg.inputs):
+            raise InvalidArgument(
+                f"expected {len(msg.inputs)} raw input contents for model '{model}', got "
+                f"{len(raw)}: raw_input_contents must hold one entry per input, in order"
+            )
+    inputs = [
+        _decode_input(tensor, raw[index] if raw else None, model)
+        for index, tensor in enumerate(msg.inputs)
+    ]
+    outputs = [_decode_output(output) for output in msg.outputs] or None
+    return InferRequest(
+        model_name=model,
+        model_version=msg.model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=msg.id or None,
+        parameters=_request_parameters(msg),
+    )
+
+
+def _decode_input(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, model: str
+) -> InputTensor:
+    name = tensor.name
+    datatype = datatypes.from_name(tensor.datatype)
+    shape = tuple(tensor.shape)
+    if any(dim < 0 for dim in shape):
+        raise InvalidArgument(
+            f"Unable to parse 'shape' of input '{name}': dims must be non-negative"
+        )
+    params = _parameters(tensor.parameters, f"input '{name}'")
+    if any(key in params for key in _SHARED_MEMORY_KEYS):
+        raise Unsupported("shared memory inputs are not supported yet (shared memory issue)")
+    if raw is not None:
+        data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model)
+    else:
+        data = _from_contents(tensor.contents, datatype, shape, name, model)
+    return InputTensor(name, datatype, shape, data, params)
+
+
+def _from_contents(
+    contents: pb.InferTensorContents,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    name: str,
+    model: str,
+) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(datatype.name)
+    if field is None:
+        raise InvalidArgument(
+            f"{datatype.name} input '{name}' for model '{model}' must be sent in "
+            "raw_input_contents: InferTensorContents has no field for it"
+        )
+    for other in set(_CONTENTS_FIELD.values()) - {field}:
+        if len(getattr(contents, other)):
+            raise InvalidArgument(
+                f"input '{name}' for model '{model}' has datatype {datatype.name} but carries "
+                f"'{other}'; expected '{field}'"
+            )
+    values = getattr(contents, field)
+    expected = element_count(shape)
+    if len(values) != expected:
+        raise InvalidArgument(
+            f"expected {expected} elements in '{field}' of input '{name}' for model "
+            f"'{model}', got {len(values)}"
+        )
+    if datatype.is_bytes:
+        array = np.empty(expected, dtype=object)
+        array[:] = list(values)
+    elif datatype.dtype.kind in "iu":
+        array = _narrowed(values, datatype, name)
+    else:
+        array = np.array(values, dtype=datatype.dtype)
+    return reshape(array, shape, name)
+
+
+def _narrowed(values: Iterable[int], datatype: DataType, name: str) -> np.ndarray:
+    """INT8/16 arrive in int32 contents and UINT8/16 in uint32: refuse values that don't fit."""
+    wide = np.array(values, dtype=np.int64 if datatype.name != "UINT64" else np.uint64)
+    info = np.iinfo(datatype.dtype)
+    if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
+        raise InvalidArgument(
+            f"a value of input '{name}' is out of range for {datatype.name} "
+            f"[{info.min}, {info.max}]"
+        )
+    return wide.astype(datatype.dtype)
+
+
+def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    params = _parameters(output.parameters, f"output '{output.name}'")
+    if any(key in params for key in _SHARED_MEMORY_KEYS):
+        raise Unsupported("shared memory outputs are not supported yet (shared memory issue)")
+    if "classification" in params:
+        raise Unsupported("the classification extension is not supported")
+    return RequestedOutput(output.name, params)
+
+
+def encode_response(response: InferResponse, final_flag: bool = False) -> pb.ModelInferResponse:
+    """A ``ModelInferResponse`` with one ``raw_output_contents`` entry per output, in order.
+    ``final_flag`` adds ``triton_final_response: true``, as Triton does on streamed replies."""
+    msg = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or "",
+    )
+    for output in response.outputs:
+        msg.outputs.add(name=output.name, datatype=output.datatype.name, shape=output.shape)
+        msg.raw_output_contents.append(_raw_bytes(output.data, output.datatype))
+    if final_flag:
+        msg.parameters[FINAL_RESPONSE].bool_param = True
+    return msg
+
+
+def _raw_bytes(array: np.ndarray, datatype: DataType) -> bytes:
+    if datatype.is_bytes:
+        return serialize_bytes(array)
+    # protobuf copies whatever it is given; tobytes() is that one copy (little-endian).
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
