@@ -73,11 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE,
          metavar="BYTES",
          help="Largest HTTP request body, also after decompression (default: 67108864)")
-    bool_flag("--allow-grpc", True, "Serve the gRPC endpoint (not served yet: gRPC issue)")
+    bool_flag("--allow-grpc", True, "Serve the gRPC endpoint")
     flag("--grpc-address", default="0.0.0.0", metavar="ADDR",
          help="gRPC listen address (default: 0.0.0.0)")
     flag("--grpc-port", type=_port, default=8001, metavar="PORT",
-         help="gRPC port (accepted; the gRPC service is not served yet) (default: 8001)")
+         help="gRPC port; 0 picks a free port and logs it (default: 8001)")
     bool_flag("--allow-metrics", True, "Serve Prometheus metrics (not served yet)")
     flag("--metrics-address", default=None, metavar="ADDR",
          help="Metrics listen address (default: the HTTP address)")
