@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,25 @@ def _reshape_to_rows_of_three() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
     model.ir_version = make_models.IR_VERSION
     return model
+
+
+def build_slow_repository(root: Path, matmuls: int = 24, width: int = 2048) -> Path:
+    """``slow``: FP32 [batch, width] through ``matmuls`` identity MatMuls, one instance, so a
+    request with many rows keeps the model busy for a while (tests of queueing and draining)."""
+    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "W")
+    names = ["INPUT0", *(f"h{i}" for i in range(1, matmuls)), "OUTPUT0"]
+    nodes = [helper.make_node("MatMul", [a, "W"], [b]) for a, b in pairwise(names)]
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
+    model.ir_version = make_models.IR_VERSION
+    make_models.save(model, root / "slow" / "1" / "model.onnx")
+    (root / "slow" / "config.pbtxt").write_text(
+        "max_batch_size: 256\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+    return root

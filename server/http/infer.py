@@ -34,6 +34,7 @@ class InferHandler(BaseHandler):
         self._receiver: http_body.BodyReceiver | None = None
         self._in_post = False
         self._request_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def prepare(self) -> None:
         headers = self.request.headers
@@ -66,8 +67,11 @@ class InferHandler(BaseHandler):
         self._in_post = True
         if self._finished:  # refused while the body was arriving
             return
+        self._task = asyncio.ensure_future(self._infer(model, version or ""))
         try:
-            await self._infer(model, version or "")
+            await self._task
+        except asyncio.CancelledError:
+            log.debug("client of request id %r disconnected: request dropped", self._request_id)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
             error = to_server_error(exc)
             if isinstance(error, InternalError):  # the server's fault: keep a trace of it
@@ -135,7 +139,11 @@ class InferHandler(BaseHandler):
         self.finish()
 
     def on_connection_close(self) -> None:
-        if not self._in_post:
+        """The client went away: drop its request (a queued one never runs). The buffer is
+        released by ``post`` once nothing uses it any more."""
+        if self._task is not None:
+            self._task.cancel()
+        elif not self._in_post:
             self._release()
 
     def _release(self) -> None:

@@ -3,9 +3,10 @@
 Each instance has one worker thread (ONNX Runtime releases the GIL while it runs), so a slow
 model never stalls the event loop. Handing an execution to a thread and back costs about
 0.2-0.3 ms of CPU on our 2-core machines (executor queue, thread wake-up, GIL hand-over,
-loop wake-up), while small models run in 10 µs. So the runner times every execution and, once
-a model has shown that it runs in well under that cost, runs it on the event loop; if it slows
-down, the timings send it back to the thread.
+loop wake-up), while small models run in 10 µs. So the runner times the executions of small
+requests and, once a model has shown that it runs those in well under that cost, runs small
+requests on the event loop; if they slow down, the timings send them back to the thread.
+Large requests (by input size) always go to the thread, whatever the model's history.
 """
 
 from __future__ import annotations
@@ -19,25 +20,36 @@ import numpy as np
 
 from backends.base import ModelInstance
 
-#: Executions averaging less than this run on the event loop (seconds).
+#: Small executions averaging less than this run on the event loop (seconds).
 INLINE_BELOW_S = 100e-6
-_WARMUP_RUNS = 8  # timed runs on the thread before inline execution is considered
+#: Only requests whose inputs total at most this many bytes count as small.
+SMALL_REQUEST_BYTES = 1 << 16
+_BYTES_ELEMENT_COST = 64  # BYTES elements are converted one by one: count each as this many bytes
+_WARMUP_RUNS = 8  # timed small runs on the thread before inline execution is considered
 _SMOOTHING = 0.1  # weight of the newest timing in the moving average
 
 
+def request_bytes(inputs: Mapping[str, np.ndarray]) -> int:
+    """The size a request is judged by: tensor bytes, BYTES elements at a fixed cost each."""
+    return sum(
+        array.size * _BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+        for array in inputs.values()
+    )
+
+
 class InstanceRunner:
-    """One model instance with its worker thread and a moving average of its run time."""
+    """One model instance with its worker thread and a moving average of its small runs."""
 
     def __init__(self, name: str, instance: ModelInstance) -> None:
         self.instance = instance
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._average_s: float | None = None
-        self._runs = 0
+        self._small_runs = 0
 
     @property
-    def runs_inline(self) -> bool:
+    def small_runs_inline(self) -> bool:
         return (
-            self._runs >= _WARMUP_RUNS
+            self._small_runs >= _WARMUP_RUNS
             and self._average_s is not None
             and self._average_s < INLINE_BELOW_S
         )
@@ -45,23 +57,35 @@ class InstanceRunner:
     async def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        """Execute once; the caller guarantees no other execution uses this instance."""
-        if self.runs_inline:
-            return self._timed(inputs, output_names)
+        """Execute once; the caller guarantees no other execution uses this instance.
+
+        If the caller is cancelled while the worker thread runs, this waits for the thread
+        to finish before letting the cancellation through: the inputs (views of the request
+        buffer) and the instance stay in use until then.
+        """
+        small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
+        if small and self.small_runs_inline:
+            return self._timed(inputs, output_names, small)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._timed, inputs, output_names)
+        future = loop.run_in_executor(self._thread, self._timed, inputs, output_names, small)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
 
     def _timed(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool
     ) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         try:
             return self.instance.execute(inputs, output_names)
         finally:
-            self._record(time.perf_counter() - start)
+            if small:
+                self._record(time.perf_counter() - start)
 
     def _record(self, seconds: float) -> None:
-        self._runs += 1
+        self._small_runs += 1
         previous = self._average_s
         self._average_s = (
             seconds if previous is None else previous + _SMOOTHING * (seconds - previous)

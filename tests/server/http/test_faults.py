@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
+from collections.abc import Iterator
 
-from tests.server.http.helpers import error_of, json_input, post_json
-from tests.server_process import ServerProcess
+import numpy as np
+import pytest
+
+from tests.model_repos import build_slow_repository
+from tests.server.http.helpers import (
+    error_of,
+    json_input,
+    parse_raw_response,
+    post_json,
+    read_response,
+)
+from tests.server_process import ServerProcess, start_server
 
 
 def _rows_request(count: int, request_id: str) -> dict[str, object]:
@@ -34,3 +46,63 @@ def test_model_fault_is_500_logged_and_the_model_keeps_serving(
     while "'bad-one'" not in server.log and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "internal error for request id 'bad-one'" in server.log
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    process = start_server(
+        build_slow_repository(tmp_path_factory.mktemp("slow")), args=("--log-verbose=1",)
+    )
+    assert process.port is not None, process.log
+    yield process
+    process.stop()
+
+
+def _slow_body(rows: int, request_id: str) -> bytes:
+    header = {
+        "id": request_id,
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [rows, 2048],
+                "parameters": {"binary_data_size": rows * 2048 * 4},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    text = json.dumps(header).encode()
+    head = (
+        f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: {len(text) + rows * 2048 * 4}\r\n"
+        f"Inference-Header-Content-Length: {len(text)}\r\n\r\n"
+    ).encode()
+    return head + text + np.ones((rows, 2048), np.float32).tobytes()
+
+
+def test_disconnected_client_request_is_dropped(slow_server: ServerProcess) -> None:
+    """The one instance is busy with a long request; a queued request whose client hangs up
+    is dropped, and a later request is still answered."""
+    assert slow_server.port is not None
+    busy = socket.create_connection(("127.0.0.1", slow_server.port))
+    busy.sendall(_slow_body(256, "busy"))
+    time.sleep(0.1)
+    quitter = socket.create_connection(("127.0.0.1", slow_server.port))
+    quitter.sendall(_slow_body(1, "quitter"))
+    time.sleep(0.1)
+    quitter.close()
+    status, _, body = slow_server.request(
+        "POST",
+        "/v2/models/slow/infer",
+        json.dumps(
+            {"id": "after", "inputs": [json_input("INPUT0", "FP32", [1, 2048], [2.0] * 2048)]}
+        ).encode(),
+    )
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [2.0] * 2048
+    assert parse_raw_response(read_response(busy))[0] == 200
+    busy.close()
+    deadline = time.monotonic() + 5
+    while "'quitter' disconnected" not in slow_server.log and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "client of request id 'quitter' disconnected: request dropped" in slow_server.log

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from backends.base import ModelInstance
-from server.scheduling.runner import INLINE_BELOW_S, InstanceRunner
+from server.scheduling.runner import INLINE_BELOW_S, SMALL_REQUEST_BYTES, InstanceRunner
 
 
 class RecordingInstance(ModelInstance):
@@ -46,11 +46,11 @@ def test_fast_model_moves_inline_then_back_to_its_thread_when_slow() -> None:
     asyncio.run(run_many(12))
     assert instance.threads[0].startswith("m-0")  # timed on the worker first
     assert instance.threads[-1] == main  # then inline
-    assert runner.runs_inline
+    assert runner.small_runs_inline
 
     instance.delay_s = 20 * INLINE_BELOW_S
     asyncio.run(run_many(1))  # a slow inline run pushes the average up
-    assert not runner.runs_inline
+    assert not runner.small_runs_inline
     asyncio.run(run_many(1))
     assert instance.threads[-1].startswith("m-0")
     runner.close()
@@ -90,4 +90,45 @@ def test_model_errors_reach_the_caller() -> None:
             assert "model exploded" in str(exc)
         else:
             raise AssertionError("the model's error was swallowed")
+    runner.close()
+
+
+def test_large_requests_always_run_on_the_thread() -> None:
+    instance = RecordingInstance()
+    runner = InstanceRunner("big-0", instance)
+    main = threading.current_thread().name
+
+    async def run(size: int) -> None:
+        await runner.run({"x": np.zeros(size, dtype=np.uint8)}, ["y"])
+
+    async def scenario() -> None:
+        for _ in range(12):
+            await run(16)
+        await run(SMALL_REQUEST_BYTES + 1)
+
+    asyncio.run(scenario())
+    assert instance.threads[-2] == main  # small ones went inline...
+    assert instance.threads[-1].startswith("big-0")  # ...the large one did not
+    runner.close()
+
+
+def test_cancelled_caller_waits_for_the_running_execution() -> None:
+    instance = RecordingInstance()
+    instance.delay_s = 0.2
+    runner = InstanceRunner("c-0", instance)
+    finished: list[float] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(runner.run({"x": np.arange(2)}, ["y"]))
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            finished.append(time.perf_counter() - started)
+
+    asyncio.run(scenario())
+    # The cancellation came through only once the worker was done with the inputs.
+    assert finished and finished[0] >= 0.1
     runner.close()

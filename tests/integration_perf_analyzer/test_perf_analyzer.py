@@ -1,0 +1,82 @@
+"""Smoke test: NVIDIA's real perf_analyzer (the C++ client) measures the server over gRPC and HTTP.
+
+The binary is not a Python package: ``scripts/install_perf_analyzer.sh`` installs it (Linux x86_64,
+root or sudo for Debian's libb64-0d) at ``.perf_analyzer/bin/perf_analyzer``; ``$PERF_ANALYZER``
+points elsewhere. Without it the module is skipped.
+
+perf_analyzer reads the model metadata and configuration, ``GET /v2`` (server metadata; it skips
+server-side statistics unless ``statistics`` is listed in ``extensions``) and then sends inference
+requests with random input data, one connection per concurrency slot. The measurement is bounded:
+one-second windows, exactly three per concurrency level, stability only loosely required (this is a
+compatibility check, not a benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import EXAMPLES, ROOT, ServerProcess, start_server
+
+PERF_ANALYZER = Path(
+    os.environ.get("PERF_ANALYZER") or ROOT / ".perf_analyzer" / "bin" / "perf_analyzer"
+)
+
+pytestmark = pytest.mark.skipif(
+    not (PERF_ANALYZER.is_file() and os.access(PERF_ANALYZER, os.X_OK)),
+    reason=f"perf_analyzer is not installed at {PERF_ANALYZER} "
+    "(run scripts/install_perf_analyzer.sh, or set PERF_ANALYZER=/path/to/perf_analyzer)",
+)
+
+_THROUGHPUT = re.compile(r"Throughput: ([0-9.]+) infer/sec")
+# Each concurrency level: 3 windows of 1 s (max-trials 3, so never more); 2 levels, plus start-up.
+_MEASUREMENT = (
+    "--concurrency-range=1:2",
+    "--measurement-interval=1000",
+    "--max-trials=3",
+    "--stability-percentage=1000",
+)
+_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    process = start_server(EXAMPLES)
+    assert process.port is not None and process.grpc_port is not None, process.log
+    yield process
+    process.stop()
+
+
+def _perf_analyzer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PERF_ANALYZER), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_measures_simple(server: ServerProcess, protocol: str) -> None:
+    port = server.grpc_port if protocol == "grpc" else server.port
+    result = _perf_analyzer(
+        "-m", "simple", "-u", f"127.0.0.1:{port}", "-i", protocol, *_MEASUREMENT
+    )
+    report = (
+        f"perf_analyzer exited {result.returncode}:\n{result.stdout}\n"
+        f"--- server log ---\n{server.log}"
+    )
+    assert result.returncode == 0, report
+    throughputs = [float(value) for value in _THROUGHPUT.findall(result.stdout)]
+    # One "Throughput:" line per concurrency level (the summary lines are lower-case).
+    assert len(throughputs) == 2, report
+    assert all(value > 0 for value in throughputs), report
+    assert "infer/sec" in result.stdout, report
+    assert server.proc.poll() is None, report
