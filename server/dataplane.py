@@ -13,7 +13,7 @@ import numpy as np
 from server import __version__
 from server.errors import InferenceServerError, InternalError
 from server.generated import model_config_pb2 as mc
-from server.protocol.model_spec import TensorSpec
+from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.protocol.validation import validate
 from server.repository.manager import ModelRepository
@@ -78,6 +78,10 @@ class DataPlane:
 
     def _ready_versions(self, name: str) -> list[int]:
         return self._repository.model(name).ready_versions()
+
+    def model_spec(self, name: str, version: str) -> ModelSpec:
+        """What requests to this model are checked against (raises for unknown models)."""
+        return _required(self._repository.version(name, version).spec)
 
     def model_config(self, name: str, version: str) -> mc.ModelConfig:
         return _required(self._repository.version(name, version).config)

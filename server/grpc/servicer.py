@@ -19,8 +19,10 @@ from server.errors import InferenceServerError, InternalError, Unsupported, to_s
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
 from server.protocol import grpc_codec
+from server.threads import run_in_thread
 
 log = logging.getLogger("server.grpc")
+_DECODE_OFF_LOOP_BYTES = 1 << 20  # requests above this are decoded on a worker thread
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -122,8 +124,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, final_flag: bool) -> pb.ModelInferResponse:
         # Resolve the model first, so an unknown model is reported as such whatever the body.
-        self._dataplane.model_config(request.model_name, request.model_version)
-        response = await self._dataplane.infer(grpc_codec.decode_request(request))
+        spec = self._dataplane.model_spec(request.model_name, request.model_version)
+        if request.ByteSize() > _DECODE_OFF_LOOP_BYTES:
+            # Typed contents and BYTES elements are converted one by one: off the loop.
+            decoded = await run_in_thread(None, grpc_codec.decode_request, request, spec)
+        else:
+            decoded = grpc_codec.decode_request(request, spec)
+        response = await self._dataplane.infer(decoded)
         return grpc_codec.encode_response(response, final_flag)
 
     async def ModelStreamInfer(

@@ -45,8 +45,8 @@ def parse_content_length(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise InvalidArgument(f"invalid Content-Length: {value!r}")
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        raise InvalidArgument(f"invalid Content-Length: {value[:32]!r}")
     return int(text)
 
 

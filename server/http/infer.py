@@ -18,8 +18,10 @@ from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
 from server.protocol import binary, rest_codec
 from server.protocol.types import InferRequest
+from server.threads import run_in_thread
 
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
+_DECODE_OFF_LOOP_BYTES = 1 << 20  # bodies above this are decoded on a worker thread
 
 
 @tornado.web.stream_request_body
@@ -88,14 +90,19 @@ class InferHandler(BaseHandler):
         body = self._receiver.body()
         if self._encoding is not None:
             # zlib releases the GIL: inflate off the event loop.
-            inflated = await asyncio.to_thread(
-                http_body.decompress, body, self._encoding, self.settings_.http_max_input_size
+            inflated = await run_in_thread(
+                None, http_body.decompress, body, self._encoding, self.settings_.http_max_input_size
             )
             body = memoryview(inflated)
         header_length = binary.parse_header_length(
             self.request.headers.get("Inference-Header-Content-Length"), len(body)
         )
-        request = self._decode(body, header_length, model, version)
+        if len(body) > _DECODE_OFF_LOOP_BYTES:
+            # Parsing a large JSON header or many BYTES elements takes a while: keep the loop
+            # answering other clients meanwhile.
+            request = await run_in_thread(None, self._decode, body, header_length, model, version)
+        else:
+            request = self._decode(body, header_length, model, version)
         self._request_id = request.id
         response = await self.dataplane.infer(request)
         encoded = rest_codec.encode_response(response, request)
@@ -106,12 +113,13 @@ class InferHandler(BaseHandler):
     ) -> InferRequest:
         # Resolve the model first: an unknown model or version is reported as such, whatever
         # else is wrong with the body.
-        config = self.dataplane.model_config(model, version)
+        spec = self.dataplane.model_spec(model, version)
         if header_length == 0:
+            config = self.dataplane.model_config(model, version)
             return rest_codec.decode_raw_request(body, config, version)
         split = len(body) if header_length is None else header_length
         header = rest_codec.parse_json(body[:split], "inference request")
-        return rest_codec.decode_request(header, body[split:], model, version)
+        return rest_codec.decode_request(header, body[split:], model, version, spec)
 
     async def _write_response(self, encoded: rest_codec.EncodedResponse) -> None:
         if encoded.binary:
@@ -123,7 +131,8 @@ class InferHandler(BaseHandler):
         compression = http_body.choose_response_encoding(self.request.headers.get("Accept-Encoding"))
         if compression is not None:
             self.set_header("Content-Encoding", compression)
-            self.finish(http_body.compress(parts, compression))
+            # zlib releases the GIL: deflate off the event loop.
+            self.finish(await asyncio.to_thread(http_body.compress, parts, compression))
             return
         if encoded.size <= _SMALL_RESPONSE:
             self.finish(b"".join(parts))

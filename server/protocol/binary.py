@@ -18,11 +18,14 @@ _LENGTH = struct.Struct("<I")
 
 
 def deserialize_bytes(view: memoryview, count: int, name: str, model: str) -> np.ndarray:
-    """Split length-prefixed BYTES elements into an object array of ``bytes``."""
-    out = np.empty(count, dtype=object)
+    """Split length-prefixed BYTES elements into an object array of ``bytes``.
+
+    Elements are collected before the array is made, so a request cannot make the server
+    allocate for more elements than its bytes can hold.
+    """
+    elements: list[bytes] = []
     offset = 0
     size = len(view)
-    index = 0
     while offset < size:
         if offset + 4 > size:
             raise InvalidArgument(
@@ -32,22 +35,23 @@ def deserialize_bytes(view: memoryview, count: int, name: str, model: str) -> np
         offset += 4
         if offset + length > size:
             raise InvalidArgument(
-                f"BYTES element {index} of inference input '{name}' for model '{model}' "
+                f"BYTES element {len(elements)} of inference input '{name}' for model '{model}' "
                 f"claims {length} bytes but only {size - offset} remain"
             )
-        if index >= count:
+        if len(elements) == count:
             raise InvalidArgument(
-                f"unexpected number of string elements {index + 1} for inference input "
+                f"unexpected number of string elements {count + 1} for inference input "
                 f"'{name}' for model '{model}', expecting {count}"
             )
-        out[index] = bytes(view[offset : offset + length])
+        elements.append(bytes(view[offset : offset + length]))
         offset += length
-        index += 1
-    if index != count:
+    if len(elements) != count:
         raise InvalidArgument(
             f"expected {count} string elements for inference input '{name}' for model "
-            f"'{model}', got {index}"
+            f"'{model}', got {len(elements)}"
         )
+    out = np.empty(count, dtype=object)
+    out[:] = elements
     return out
 
 
@@ -98,9 +102,9 @@ def parse_header_length(value: str | None, content_length: int) -> int | None:
     text = value.strip()
     if not text.isdigit() or not text.isascii():
         raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {value}")
-    length = int(text)
-    if length > content_length:
+    if len(text) > 19 or int(text) > content_length:
         raise InvalidArgument(
-            f"inference header size should be in range (0, {content_length}), got: {length}"
+            f"inference header size should be in range (0, {content_length}), got: {text[:32]}"
         )
+    length = int(text)
     return length

@@ -18,9 +18,11 @@ from server.generated import grpc_service_pb2 as pb
 from server.protocol import datatypes
 from server.protocol.binary import serialize_bytes, tensor_from_bytes
 from server.protocol.datatypes import DataType
+from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count, reshape
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from server.protocol.validation import check_input
 
 #: Reserved keys the C++ client sends on every request (accepted, no effect on a
 #: non-decoupled model).
@@ -69,8 +71,11 @@ def _request_parameters(msg: pb.ModelInferRequest) -> dict[str, Any]:
     return params
 
 
-def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
-    """Build an ``InferRequest`` from a ``ModelInferRequest``."""
+def decode_request(msg: pb.ModelInferRequest, spec: ModelSpec | None = None) -> InferRequest:
+    """Build an ``InferRequest`` from a ``ModelInferRequest``.
+
+    With the model's ``spec``, each input is checked against it before its data is decoded.
+    """
     model = msg.model_name
     raw = msg.raw_input_contents
     if raw:
@@ -85,7 +90,7 @@ def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
                 f"{len(raw)}: raw_input_contents must hold one entry per input, in order"
             )
     inputs = [
-        _decode_input(tensor, raw[index] if raw else None, model)
+        _decode_input(tensor, raw[index] if raw else None, model, spec)
         for index, tensor in enumerate(msg.inputs)
     ]
     outputs = [_decode_output(output) for output in msg.outputs] or None
@@ -100,7 +105,10 @@ def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
 
 
 def _decode_input(
-    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, model: str
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    raw: bytes | None,
+    model: str,
+    spec: ModelSpec | None,
 ) -> InputTensor:
     name = tensor.name
     datatype = datatypes.from_name(tensor.datatype)
@@ -109,6 +117,8 @@ def _decode_input(
         raise InvalidArgument(
             f"Unable to parse 'shape' of input '{name}': dims must be non-negative"
         )
+    if spec is not None:
+        check_input(spec, name, datatype, shape)
     params = _parameters(tensor.parameters, f"input '{name}'")
     if any(key in params for key in _SHARED_MEMORY_KEYS):
         raise Unsupported("shared memory inputs are not supported yet (shared memory issue)")

@@ -19,9 +19,11 @@ from server.protocol import datatypes, json_codec
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.json_codec import MAX_JSON_DEPTH
+from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from server.protocol.validation import check_input
 
 
 @dataclass
@@ -89,9 +91,16 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_request(
-    header: Any, binary: memoryview, model_name: str, model_version: str
+    header: Any,
+    binary: memoryview,
+    model_name: str,
+    model_version: str,
+    spec: ModelSpec | None = None,
 ) -> InferRequest:
-    """Build an ``InferRequest`` from the JSON header and the binary part of the body."""
+    """Build an ``InferRequest`` from the JSON header and the binary part of the body.
+
+    With the model's ``spec``, each input is checked against it before its data is decoded.
+    """
     if not isinstance(header, dict):
         raise InvalidArgument("the inference request must be a JSON object")
     if "inputs" not in header:
@@ -102,7 +111,7 @@ def decode_request(
     inputs: list[InputTensor] = []
     offset = 0
     for raw in raw_inputs:
-        tensor, offset = _decode_input(raw, binary, offset, model_name)
+        tensor, offset = _decode_input(raw, binary, offset, model_name, spec)
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidArgument(
@@ -115,7 +124,7 @@ def decode_request(
 
 
 def _decode_input(
-    raw: Any, binary: memoryview, offset: int, model: str
+    raw: Any, binary: memoryview, offset: int, model: str, spec: ModelSpec | None
 ) -> tuple[InputTensor, int]:
     if not isinstance(raw, dict):
         raise InvalidArgument("each element of 'inputs' must be a JSON object")
@@ -125,6 +134,8 @@ def _decode_input(
     name = _field(raw, "name", str, "an input")
     shape = _shape(raw["shape"], name)
     datatype = datatypes.from_name(raw["datatype"])
+    if spec is not None:
+        check_input(spec, name, datatype, shape)
     params = _parameters(raw, f"input '{name}'")
     if "binary_data_size" in params:
         size = params["binary_data_size"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.errors import InvalidArgument
+from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InputTensor
 
@@ -45,10 +46,8 @@ def validate(request: InferRequest, spec: ModelSpec) -> PreparedRequest:
     for tensor in request.inputs:
         if tensor.name in inputs:
             raise InvalidArgument(f"input '{tensor.name}' already exists in request")
-        declared = spec.inputs.get(tensor.name)
-        if declared is None:
-            raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{model}'")
-        rows = _check_input(tensor, declared, spec)
+        rows = check_input(spec, tensor.name, tensor.datatype, tensor.shape)
+        declared = spec.inputs[tensor.name]
         if rows is not None:
             if batch_size is None:
                 batch_size = rows
@@ -67,31 +66,38 @@ def validate(request: InferRequest, spec: ModelSpec) -> PreparedRequest:
     )
 
 
-def _check_input(tensor: InputTensor, declared: TensorSpec, spec: ModelSpec) -> int | None:
-    """Check datatype and shape; the input's batch size when the model batches."""
+def check_input(
+    spec: ModelSpec, name: str, datatype: DataType, shape: tuple[int, ...]
+) -> int | None:
+    """Check an input's name, datatype and shape against the model; its batch size when the
+    model batches. Codecs call this before decoding the data, so a wrong tensor is refused
+    before any work is done on its bytes."""
     model = spec.name
-    if tensor.datatype is not declared.datatype:
+    declared = spec.inputs.get(name)
+    if declared is None:
+        raise InvalidArgument(f"unexpected inference input '{name}' for model '{model}'")
+    if datatype is not declared.datatype:
         raise InvalidArgument(
-            f"inference input '{tensor.name}' data-type is '{tensor.datatype.name}', but model "
+            f"inference input '{name}' data-type is '{datatype.name}', but model "
             f"'{model}' expects '{declared.datatype.name}'"
         )
     full_dims = (-1, *declared.dims) if spec.batching else declared.dims
     rows = None
     if spec.batching:
-        if not tensor.shape:
+        if not shape:
             raise InvalidArgument(
-                f"inference input '{tensor.name}' for model '{model}' must have a batch "
+                f"inference input '{name}' for model '{model}' must have a batch "
                 "dimension: the model has max_batch_size > 0"
             )
-        rows = tensor.shape[0]
+        rows = shape[0]
         if rows > spec.max_batch_size:
             raise InvalidArgument(
                 f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'"
             )
-    if not _shape_matches(tensor.shape, full_dims):
+    if not _shape_matches(shape, full_dims):
         raise InvalidArgument(
-            f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-            f"{_dims_text(full_dims)}, got {_dims_text(tensor.shape)}"
+            f"unexpected shape for input '{name}' for model '{model}'. Expected "
+            f"{_dims_text(full_dims)}, got {_dims_text(shape)}"
         )
     return rows
 

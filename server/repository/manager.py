@@ -14,6 +14,7 @@ from pathlib import Path
 from backends.base import Backend
 from server.errors import InvalidArgument, NotFound
 from server.repository.loader import Model, ModelVersion, State, load_model
+from server.repository.versions import parse_version
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ class ModelRepository:
             if not ready:
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
             return model.versions[ready[-1]]
-        found = model.versions.get(int(version)) if version.isdigit() else None
+        number = parse_version(version)
+        found = model.versions.get(number) if number is not None else None
         if found is None or found.state is not State.READY:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return found
@@ -94,7 +96,8 @@ class ModelRepository:
             return False
         if not version:
             return bool(model.ready_versions())
-        found = model.versions.get(int(version)) if version.isdigit() else None
+        number = parse_version(version)
+        found = model.versions.get(number) if number is not None else None
         return found is not None and found.state is State.READY
 
     def close(self) -> None:

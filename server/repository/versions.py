@@ -7,13 +7,20 @@ from pathlib import Path
 from server.generated import model_config_pb2 as mc
 
 
+def parse_version(version: str) -> int | None:
+    """A version string as a number; None unless it is 1-19 ASCII digits (fits an int64)."""
+    if 0 < len(version) <= 19 and version.isascii() and version.isdigit():
+        return int(version)
+    return None
+
+
 def available_versions(model_dir: Path) -> list[int]:
     """Numeric version folders, ascending. Names starting with "0" are ignored, as in Triton."""
     versions = []
     for entry in model_dir.iterdir():
-        name = entry.name
-        if entry.is_dir() and name.isascii() and name.isdigit() and not name.startswith("0"):
-            versions.append(int(name))
+        number = parse_version(entry.name)
+        if entry.is_dir() and number is not None and not entry.name.startswith("0"):
+            versions.append(number)
     return sorted(versions)
 
 

@@ -11,7 +11,6 @@ Large requests (by input size) always go to the thread, whatever the model's his
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from backends.base import ModelInstance
+from server.threads import run_in_thread
 
 #: Small executions averaging less than this run on the event loop (seconds).
 INLINE_BELOW_S = 100e-6
@@ -59,20 +59,14 @@ class InstanceRunner:
     ) -> dict[str, np.ndarray]:
         """Execute once; the caller guarantees no other execution uses this instance.
 
-        If the caller is cancelled while the worker thread runs, this waits for the thread
-        to finish before letting the cancellation through: the inputs (views of the request
-        buffer) and the instance stay in use until then.
+        If the caller is cancelled while the worker thread runs, the cancellation comes
+        through once the thread is done: the inputs (views of the request buffer) and the
+        instance stay in use until then.
         """
         small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
         if small and self.small_runs_inline:
             return self._timed(inputs, output_names, small)
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._thread, self._timed, inputs, output_names, small)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            await asyncio.wait([future])
-            raise
+        return await run_in_thread(self._thread, self._timed, inputs, output_names, small)
 
     def _timed(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool

@@ -1,0 +1,29 @@
+"""Waiting for work handed to threads without abandoning it on cancellation.
+
+A thread cannot be stopped. When the coroutine awaiting it is cancelled (a client went away),
+the thread still reads the request's buffers; returning at once would let those buffers be
+reused under it. So cancellation is let through only once the thread is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def run_in_thread(
+    executor: Executor | None, function: Callable[..., T], *args: object
+) -> T:
+    """``function(*args)`` on ``executor`` (None: the loop's default pool)."""
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(executor, functools.partial(function, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
