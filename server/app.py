@@ -24,6 +24,7 @@ from server.settings import Settings
 log = logging.getLogger("server")
 
 _CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
+_CLOSE_TIMEOUT_SECS = 5  # for connections to close once requests are done
 _IDLE_TIMEOUT_SECS = 300  # Tornado's default keeps an idle keep-alive connection for an hour
 
 
@@ -66,24 +67,40 @@ async def serve(settings: Settings) -> int:
     dataplane.set_live(True)
     grpc_server = await _start_grpc(settings, dataplane) if settings.allow_grpc else None
 
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:  # the first signal drains, a second one stops at once
+        (force if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     await stop.wait()
 
-    log.info("stopping: signal received")
+    log.info(
+        "stopping: finishing %d in-flight requests (at most %d s; signal again to stop now)",
+        dataplane.gate.inside, settings.exit_timeout_secs,
+    )
+    dataplane.gate.close()  # new requests get 503 / UNAVAILABLE; readiness turns false
+    if http_server is not None:
+        http_server.stop()  # no new connections
+    if grpc_server is not None:
+        await grpc_server.update_health()
+    drained = asyncio.ensure_future(dataplane.gate.wait_idle(settings.exit_timeout_secs))
+    forced = asyncio.ensure_future(force.wait())
+    await asyncio.wait([drained, forced], return_when=asyncio.FIRST_COMPLETED)
+    forced.cancel()
+    if not (drained.done() and drained.result()):
+        drained.cancel()
+        log.warning("stopping with %d requests still in flight", dataplane.gate.inside)
     dataplane.set_live(False)
     if grpc_server is not None:
-        await grpc_server.stop(grace_secs=settings.exit_timeout_secs)
+        await grpc_server.stop(grace_secs=0)
     if http_server is not None:
-        http_server.stop()
         try:
-            await asyncio.wait_for(
-                http_server.close_all_connections(), timeout=settings.exit_timeout_secs
-            )
+            await asyncio.wait_for(http_server.close_all_connections(), _CLOSE_TIMEOUT_SECS)
         except TimeoutError:
-            log.warning("connections still open after %d s", settings.exit_timeout_secs)
+            log.warning("HTTP connections did not close within %d s", _CLOSE_TIMEOUT_SECS)
     repository.close()
     log.info("stopped")
     return 0

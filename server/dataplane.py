@@ -17,6 +17,7 @@ from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.protocol.validation import validate
 from server.repository.manager import ModelRepository
+from server.request_gate import RequestGate
 from server.settings import Settings
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ class DataPlane:
         self._settings = settings
         self._repository = repository
         self._live = False
+        self.gate = RequestGate()
 
     def set_live(self, live: bool) -> None:
         self._live = live
@@ -48,8 +50,8 @@ class DataPlane:
         return self._live
 
     def ready(self) -> bool:
-        """Live, and with strict readiness every model ready too."""
-        if not self._live:
+        """Live and not stopping, and with strict readiness every model ready too."""
+        if not self._live or self.gate.closed:
             return False
         return self._repository.all_ready() if self._settings.strict_readiness else True
 

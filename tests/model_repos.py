@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 from pathlib import Path
 
@@ -78,3 +79,27 @@ def build_slow_repository(root: Path, matmuls: int = 24, width: int = 2048) -> P
         "max_batch_size: 256\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n"
     )
     return root
+
+
+def slow_http_request(rows: int, request_id: str) -> bytes:
+    """A whole raw HTTP request for ``slow`` with ``rows`` rows of ones, binary in and out."""
+    width = 2048
+    header = {
+        "id": request_id,
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [rows, width],
+                "parameters": {"binary_data_size": rows * width * 4},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    text = json.dumps(header).encode()
+    head = (
+        f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: {len(text) + rows * width * 4}\r\n"
+        f"Inference-Header-Content-Length: {len(text)}\r\n\r\n"
+    ).encode()
+    return head + text + np.ones((rows, width), np.float32).tobytes()

@@ -123,6 +123,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request, final_flag=False)
 
     async def _infer(self, request: pb.ModelInferRequest, final_flag: bool) -> pb.ModelInferResponse:
+        with self._dataplane.gate.admit():
+            return await self._admitted_infer(request, final_flag)
+
+    async def _admitted_infer(
+        self, request: pb.ModelInferRequest, final_flag: bool
+    ) -> pb.ModelInferResponse:
         # Resolve the model first, so an unknown model is reported as such whatever the body.
         spec = self._dataplane.model_spec(request.model_name, request.model_version)
         if request.ByteSize() > _DECODE_OFF_LOOP_BYTES:

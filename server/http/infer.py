@@ -69,9 +69,10 @@ class InferHandler(BaseHandler):
         self._in_post = True
         if self._finished:  # refused while the body was arriving
             return
-        self._task = asyncio.ensure_future(self._infer(model, version or ""))
         try:
-            await self._task
+            with self.dataplane.gate.admit():
+                self._task = asyncio.ensure_future(self._infer(model, version or ""))
+                await self._task
         except asyncio.CancelledError:
             log.debug("client of request id %r disconnected: request dropped", self._request_id)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}

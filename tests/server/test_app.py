@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 import signal
+import socket
+import time
 from pathlib import Path
 
 import pytest
 
 from scripts import make_models
+from tests.model_repos import build_slow_repository, slow_http_request
+from tests.server.http.helpers import parse_raw_response, read_response
 from tests.server_process import EXAMPLES, start_server
 
 
@@ -93,3 +99,34 @@ def test_version_policy_serves_selected_versions(tmp_path: Path) -> None:
         assert server.request("GET", "/v2/models/latest/versions/2/ready")[0] == 200
     finally:
         server.stop()
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path: Path) -> None:
+    """A request running when SIGTERM arrives is answered; a new one on an open connection
+    gets 503; readiness turns false meanwhile; the exit code is 0."""
+    server = start_server(build_slow_repository(tmp_path))
+    assert server.port is not None, server.log
+    keep_alive = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    keep_alive.request("GET", "/v2/health/ready")
+    first = keep_alive.getresponse()
+    first.read()
+    assert first.status == 200  # the connection stays open for the requests below
+    busy = socket.create_connection(("127.0.0.1", server.port))
+    busy.sendall(slow_http_request(256, "busy"))
+    time.sleep(0.2)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    keep_alive.request("GET", "/v2/health/ready")
+    response = keep_alive.getresponse()
+    response.read()
+    assert response.status == 400  # not ready while draining
+    late_body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2048], "data": [0.0] * 2048}]}
+    keep_alive.request("POST", "/v2/models/slow/infer", json.dumps(late_body).encode())
+    late = keep_alive.getresponse()
+    assert late.status == 503
+    assert b"Server is stopping" in late.read()
+    answered = parse_raw_response(read_response(busy))
+    busy.close()
+    keep_alive.close()
+    assert answered[0] == 200
+    assert server.wait_exit(30) == 0

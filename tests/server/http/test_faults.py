@@ -7,10 +7,9 @@ import socket
 import time
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
-from tests.model_repos import build_slow_repository
+from tests.model_repos import build_slow_repository, slow_http_request
 from tests.server.http.helpers import (
     error_of,
     json_input,
@@ -58,37 +57,15 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     process.stop()
 
 
-def _slow_body(rows: int, request_id: str) -> bytes:
-    header = {
-        "id": request_id,
-        "inputs": [
-            {
-                "name": "INPUT0",
-                "datatype": "FP32",
-                "shape": [rows, 2048],
-                "parameters": {"binary_data_size": rows * 2048 * 4},
-            }
-        ],
-        "parameters": {"binary_data_output": True},
-    }
-    text = json.dumps(header).encode()
-    head = (
-        f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
-        f"Content-Length: {len(text) + rows * 2048 * 4}\r\n"
-        f"Inference-Header-Content-Length: {len(text)}\r\n\r\n"
-    ).encode()
-    return head + text + np.ones((rows, 2048), np.float32).tobytes()
-
-
 def test_disconnected_client_request_is_dropped(slow_server: ServerProcess) -> None:
     """The one instance is busy with a long request; a queued request whose client hangs up
     is dropped, and a later request is still answered."""
     assert slow_server.port is not None
     busy = socket.create_connection(("127.0.0.1", slow_server.port))
-    busy.sendall(_slow_body(256, "busy"))
+    busy.sendall(slow_http_request(256, "busy"))
     time.sleep(0.1)
     quitter = socket.create_connection(("127.0.0.1", slow_server.port))
-    quitter.sendall(_slow_body(1, "quitter"))
+    quitter.sendall(slow_http_request(1, "quitter"))
     time.sleep(0.1)
     quitter.close()
     status, _, body = slow_server.request(

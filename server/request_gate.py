@@ -1,0 +1,60 @@
+"""Counts the requests in flight, and stops letting new ones in when the server shuts down.
+
+Graceful shutdown: the gate closes (new requests get 503 / UNAVAILABLE, readiness turns
+false), then the server waits until the requests already inside have been answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from server.errors import Unavailable
+
+STOPPING = (
+    "Server is stopping, scheduler for model has stopped accepting new inference requests"
+)
+
+
+class RequestGate:
+    """A counter of admitted requests with a switch to refuse new ones."""
+
+    def __init__(self) -> None:
+        self._inside = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def inside(self) -> int:
+        return self._inside
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one place while the request is served; refused once the gate is closed."""
+        if self._closed:
+            raise Unavailable(STOPPING)
+        self._inside += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inside -= 1
+            if self._inside == 0:
+                self._idle.set()
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is inside; False if ``timeout`` seconds passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
