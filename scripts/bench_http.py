@@ -55,9 +55,14 @@ SERVER_ARGS = (
     f"--model-repository={REPOSITORY}",
     "--http-port=0",
     "--http-address=127.0.0.1",
+    # gRPC is served too (as a user gets it), but on loopback and a free port: the default
+    # 0.0.0.0:8001 would be public and, with grpcio's SO_REUSEPORT, shared with any other server.
+    "--grpc-port=0",
+    "--grpc-address=127.0.0.1",
     "--backend-config=onnxruntime,intra_op_thread_count=1",
 )
 _STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+_GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _WARNING_OR_ERROR = re.compile(r"^\S+ \S+ [WE] ")
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d ")
 _V2_DATATYPE = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
@@ -200,7 +205,9 @@ class ServerUnderTest:
         self.lines: list[str] = []
         self.started_at_line = 0
         self._port: int | None = None
+        self._grpc_port: int | None = None
         self._started = threading.Event()
+        self._grpc_started = threading.Event()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", *SERVER_ARGS],
             cwd=ROOT,
@@ -223,6 +230,15 @@ class ServerUnderTest:
         assert self._port is not None
         return ("127.0.0.1", self._port)
 
+    def grpc_address(self, timeout: float = 60.0) -> tuple[str, int]:
+        """The gRPC endpoint, once the server has logged it (it starts after HTTP)."""
+        deadline = time.monotonic() + timeout
+        while not self._grpc_started.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the gRPC service did not start:\n" + "".join(self.lines[-30:]))
+        assert self._grpc_port is not None
+        return ("127.0.0.1", self._grpc_port)
+
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -232,6 +248,10 @@ class ServerUnderTest:
                 self._port = int(match.group(1))
                 self.started_at_line = len(self.lines)
                 self._started.set()
+            match = _GRPC_STARTED.search(line)
+            if match and self._grpc_port is None:
+                self._grpc_port = int(match.group(1))
+                self._grpc_started.set()
 
     def _wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:

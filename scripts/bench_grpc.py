@@ -1,0 +1,676 @@
+"""Benchmark tensorgate's gRPC inference path beside its HTTP binary path, in one server process.
+
+Prints requests/s and p50/p99 latency for the ``simple`` add/sub model (INT32 [1,16] x2, concurrency
+1 and 8) and MB/s for 16 MiB FP32 round trips on ``identity_fp32``, over gRPC (``ModelInfer`` with
+``raw_input_contents``) and over HTTP binary, cell by cell against the same server, each next to
+(a) a direct ONNX Runtime ``InferenceSession.run`` on the same model file and inputs and (b) a
+grpc.aio echo server moving the same request bytes at the same concurrency (what Python gRPC costs
+with no serving). Figures are for people, never a CI gate: on a shared 2-core machine only the
+ratios carry from one run to the next.
+
+    python scripts/bench_grpc.py [--seconds 5] [--grpc-channels 1] [--no-echo] [--json PATH]
+
+It starts ``python -m server`` on the example repository with HTTP and gRPC on 127.0.0.1 and free
+ports, BLAS/OpenMP and ONNX Runtime pinned to one thread (as ``bench_http.py`` does), and stops it
+(SIGTERM, by PID) at the end.
+
+The gRPC load generator is as cheap as grpc.aio allows: the ``ModelInferRequest`` is serialized
+once and sent as bytes through an identity serializer, responses stay bytes (only the first one of
+each workload is parsed and checked), and concurrency N is N coroutines, each keeping one call in
+flight on a shared channel (or ``--grpc-channels`` channels, each its own TCP connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file: make the `scripts` package importable
+    sys.path.insert(0, str(ROOT))
+
+from scripts.bench_common import (
+    PINNED_THREADS,
+    Sample,
+    cpu_seconds,
+    fmt_number,
+    fmt_ratio,
+    machine_facts,
+    markdown_table,
+    measure,
+    ort_baseline,
+)
+
+os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their thread pools
+
+import grpc
+import numpy as np
+
+from scripts.bench_http import (
+    REPOSITORY,
+    HttpFraming,
+    ServerUnderTest,
+    Workload,
+    check_response,
+    encode_request,
+    workloads,
+)
+from server.generated import grpc_service_pb2 as pb
+
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+MAX_MESSAGE = 2**31 - 1  # INT32_MAX both ways, as Triton's clients set it
+_STALL_S = 60.0  # a call still unanswered this long after the cell's end is an error
+_CONNECT_S = 30.0
+_MB = 1e6
+_DATATYPE = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
+_DTYPE = {name: dtype for dtype, name in _DATATYPE.items()}
+
+# (workload label, concurrency) -> DESIGN.md "Performance targets" (perf_analyzer, 2 cores).
+_TARGETS = {
+    ("HTTP", "simple", 8): 4000.0,
+    ("gRPC", "simple", 8): 3300.0,
+    ("HTTP", "identity_fp32", 1): 40.0,
+    ("gRPC", "identity_fp32", 1): 35.0,
+}
+
+
+def bench_workloads() -> list[Workload]:
+    """The binary workloads of ``bench_http.py``: same inputs, expected outputs, concurrencies."""
+    return [w for w in workloads() if w.binary]
+
+
+# --- gRPC encoding and checks ---------------------------------------------------------------
+
+
+def encode_grpc_request(workload: Workload) -> bytes:
+    """A serialized ``ModelInferRequest`` with ``raw_input_contents``, asking for the outputs the
+    HTTP request asks for; made once and sent as-is every time."""
+    request = pb.ModelInferRequest(model_name=workload.model)
+    for name, array in workload.inputs.items():
+        request.inputs.add(name=name, datatype=_DATATYPE[array.dtype], shape=array.shape)
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    for name in sorted(workload.expected):
+        request.outputs.add(name=name)
+    return request.SerializeToString()
+
+
+def check_grpc_response(raw: bytes, workload: Workload) -> list[str]:
+    """Problems with one ``ModelInferResponse`` (outputs, shapes, values); empty when correct."""
+    try:
+        msg = pb.ModelInferResponse.FromString(raw)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the finding
+        return [f"unparseable ModelInferResponse ({len(raw)} B): {exc}"]
+    problems = []
+    if msg.model_name != workload.model:
+        problems.append(f"model_name {msg.model_name!r}, expected {workload.model!r}")
+    if len(msg.raw_output_contents) != len(msg.outputs):
+        problems.append(
+            f"{len(msg.raw_output_contents)} raw_output_contents for {len(msg.outputs)} outputs"
+        )
+    seen = set()
+    for index, output in enumerate(msg.outputs):
+        seen.add(output.name)
+        if output.HasField("contents"):
+            problems.append(f"{output.name} came back in typed contents")
+        dtype = _DTYPE.get(output.datatype)
+        expected = workload.expected.get(output.name)
+        if dtype is None or expected is None or index >= len(msg.raw_output_contents):
+            problems.append(f"{output.name}: unexpected output or datatype {output.datatype}")
+            continue
+        data = msg.raw_output_contents[index]
+        shape = tuple(output.shape)
+        if len(data) != expected.nbytes or shape != expected.shape:
+            problems.append(f"{output.name}: {len(data)} B of shape {list(shape)}")
+            continue
+        value = np.frombuffer(data, dtype.newbyteorder("<")).reshape(shape)
+        if output.datatype != _DATATYPE[expected.dtype] or not np.array_equal(value, expected):
+            problems.append(f"{output.name} has wrong values")
+    if seen != set(workload.expected):
+        problems.append(f"outputs {sorted(seen)}, expected {sorted(workload.expected)}")
+    return problems
+
+
+# --- gRPC load generator ----------------------------------------------------------------------
+
+
+class GrpcLoadGenerator:
+    """Closed-loop load over grpc.aio: ``concurrency`` coroutines, each sending the same
+    pre-serialized request again as soon as the previous response has arrived."""
+
+    def __init__(
+        self, address: tuple[str, int], request: bytes, concurrency: int, channels: int
+    ) -> None:
+        target = f"{address[0]}:{address[1]}"
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            # Without this, channels to one target share a subchannel (one TCP connection).
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._request = request
+        self._concurrency = concurrency
+        self._channels = [
+            grpc.aio.insecure_channel(target, options=options) for _ in range(channels)
+        ]
+        self._calls = [
+            channel.unary_unary(
+                METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
+            )
+            for channel in self._channels
+        ]
+        self.first_error = ""
+
+    async def connect(self) -> None:
+        for channel in self._channels:
+            await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+    async def run(self, seconds: float, max_requests: int, server_pid: int | None = None) -> Sample:
+        """Keep ``concurrency`` calls in flight for ``seconds`` or until ``max_requests`` were
+        sent; ``server_pid``'s CPU time over the run is recorded too."""
+        sample = Sample()
+        issued = 0
+        server_cpu = None if server_pid is None else cpu_seconds(server_pid)
+        client_cpu = time.process_time()
+        start = time.perf_counter()
+        deadline = start + seconds
+        timeout = seconds + _STALL_S
+
+        async def loop(call: Any) -> None:
+            nonlocal issued
+            while True:
+                issued += 1
+                began = time.perf_counter()
+                try:
+                    response = await call(self._request, timeout=timeout)
+                except grpc.aio.AioRpcError as exc:
+                    sample.errors += 1
+                    if not self.first_error:
+                        self.first_error = f"{exc.code().name}: {exc.details()}"
+                else:
+                    sample.latencies.append(time.perf_counter() - began)
+                    sample.requests += 1
+                    if not sample.first_response:
+                        sample.first_response = response
+                if time.perf_counter() >= deadline or issued >= max_requests:
+                    return
+
+        slots = min(self._concurrency, max_requests)
+        await asyncio.gather(*(loop(self._calls[i % len(self._calls)]) for i in range(slots)))
+        sample.elapsed = time.perf_counter() - start
+        sample.client_cpu = time.process_time() - client_cpu
+        if server_pid is not None and server_cpu is not None:
+            sample.server_cpu = cpu_seconds(server_pid) - server_cpu
+        return sample
+
+
+async def _measure_grpc(
+    address: tuple[str, int],
+    request: bytes,
+    concurrency: int,
+    channels: int,
+    seconds: float,
+    max_requests: int,
+    server_pid: int | None,
+) -> tuple[Sample, str]:
+    """As ``bench_common.measure``: one request alone (the one to verify), a short warm-up, then
+    the timed run, which carries that first response; also the first error seen, if any."""
+    generator = GrpcLoadGenerator(address, request, concurrency, channels)
+    try:
+        await generator.connect()
+        first = await generator.run(seconds, 1)
+        await generator.run(min(0.5, seconds / 5), max_requests)
+        sample = await generator.run(seconds, max_requests, server_pid)
+    finally:
+        await generator.close()
+    sample.first_response = first.first_response
+    return sample, generator.first_error
+
+
+def measure_grpc(
+    address: tuple[str, int],
+    request: bytes,
+    concurrency: int,
+    channels: int,
+    seconds: float,
+    max_requests: int,
+    server_pid: int | None,
+) -> tuple[Sample, str]:
+    return asyncio.run(
+        _measure_grpc(address, request, concurrency, channels, seconds, max_requests, server_pid)
+    )
+
+
+# --- grpc.aio echo baseline ------------------------------------------------------------------
+
+
+def _grpc_echo_main(port_pipe: Connection) -> None:
+    """A grpc.aio server answering ModelInfer with the request's own bytes, unparsed: what
+    Python gRPC costs with no serving (the gRPC counterpart of bench_common's socket echo)."""
+
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    async def serve() -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE),
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ]
+        )
+        handler = grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService",
+            {"ModelInfer": grpc.unary_unary_rpc_method_handler(echo)},
+        )
+        server.add_generic_rpc_handlers((handler,))
+        port_pipe.send(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        await server.wait_for_termination()  # until the parent terminates this process
+
+    asyncio.run(serve())
+
+
+class GrpcEchoServer:
+    """The echo server in a child process of its own, as a server would be."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        receiver, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_grpc_echo_main, args=(sender,), daemon=True)
+        self._process.start()
+        if not receiver.poll(30):
+            self.stop()
+            raise RuntimeError("the gRPC echo server did not start")
+        self.address = ("127.0.0.1", int(receiver.recv()))
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    def stop(self) -> None:
+        """SIGTERM the child this object started, and only it."""
+        self._process.terminate()
+        self._process.join(10)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One workload at one concurrency: HTTP binary and gRPC on the same server, and ORT."""
+
+    workload: Workload
+    concurrency: int
+    http_request_bytes: int
+    grpc_request_bytes: int
+    http: Sample
+    http_problems: list[str]
+    grpc: Sample
+    grpc_problems: list[str]
+    ort: Sample
+    echo: Sample | None
+
+
+@dataclass
+class Endpoints:
+    """What every cell talks to: the server under test (both ports) and the gRPC echo."""
+
+    http: tuple[str, int]
+    grpc: tuple[str, int]
+    server_pid: int
+    echo: GrpcEchoServer | None
+
+
+def run_cells(endpoints: Endpoints, args: argparse.Namespace) -> list[Cell]:
+    ort_samples: dict[str, Sample] = {}
+    cells = []
+    for workload in bench_workloads():
+        if workload.model not in ort_samples:
+            model_file = REPOSITORY / workload.model / "1" / "model.onnx"
+            sample, outputs = ort_baseline(
+                model_file, workload.inputs, args.seconds, args.max_requests
+            )
+            wrong = [n for n, v in workload.expected.items() if not np.array_equal(outputs[n], v)]
+            if wrong:
+                raise RuntimeError(f"ONNX Runtime itself answers {workload.model} {wrong} wrong")
+            ort_samples[workload.model] = sample
+        for concurrency in workload.concurrencies:
+            cells.append(
+                run_cell(endpoints, workload, concurrency, ort_samples[workload.model], args)
+            )
+    return cells
+
+
+def run_cell(
+    endpoints: Endpoints,
+    workload: Workload,
+    concurrency: int,
+    ort: Sample,
+    args: argparse.Namespace,
+) -> Cell:
+    """HTTP binary, then gRPC, then the gRPC echo, one after the other at one concurrency."""
+    http_request = encode_request(f"{endpoints.http[0]}:{endpoints.http[1]}", workload)
+    grpc_request = encode_grpc_request(workload)
+    http = measure(
+        endpoints.http,
+        http_request,
+        HttpFraming(),
+        concurrency,
+        args.seconds,
+        args.max_requests,
+        len(http_request) + (1 << 16),
+        endpoints.server_pid,
+    )
+    http_problems = (
+        check_response(http.first_response, workload)
+        if http.first_response
+        else ["no response at all"]
+    )
+    grpc_sample, first_error = measure_grpc(
+        endpoints.grpc,
+        grpc_request,
+        concurrency,
+        args.grpc_channels,
+        args.seconds,
+        args.max_requests,
+        endpoints.server_pid,
+    )
+    grpc_problems = (
+        check_grpc_response(grpc_sample.first_response, workload)
+        if grpc_sample.first_response
+        else [f"no response at all ({first_error or 'no error either'})"]
+    )
+    if first_error and grpc_sample.first_response:
+        grpc_problems.append(f"{grpc_sample.errors} failed calls, first: {first_error}")
+    echo = None
+    if endpoints.echo is not None:
+        echo, echo_error = measure_grpc(
+            endpoints.echo.address,
+            grpc_request,
+            concurrency,
+            args.grpc_channels,
+            args.seconds,
+            args.max_requests,
+            endpoints.echo.pid,
+        )
+        if echo_error or echo.first_response != grpc_request:
+            raise RuntimeError(f"the gRPC echo baseline failed: {echo_error or 'wrong bytes'}")
+    return Cell(
+        workload,
+        concurrency,
+        len(http_request),
+        len(grpc_request),
+        http,
+        http_problems,
+        grpc_sample,
+        grpc_problems,
+        ort,
+        echo,
+    )
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _throughput(sample: Sample, workload: Workload) -> str:
+    text = f"{fmt_number(sample.rate)}/s"
+    if workload.reports_bandwidth:
+        text += f" ({fmt_number(sample.rate * workload.payload_bytes / _MB)} MB/s)"
+    return text
+
+
+def _per_request_us(cpu: float | None, sample: Sample) -> str:
+    if cpu is None or not sample.requests:
+        return "n/a"
+    return f"{fmt_number(cpu / sample.requests * 1e6)} µs"
+
+
+def _target(protocol: str, cell: Cell) -> str:
+    target = _TARGETS.get((protocol, cell.workload.model, cell.concurrency))
+    return "" if target is None else f"≥ {fmt_number(target)}/s"
+
+
+def _short_label(workload: Workload) -> str:
+    return workload.label.removesuffix(" binary")
+
+
+def _rows_of(cell: Cell) -> list[tuple[str, Sample, list[str]]]:
+    rows = [("HTTP binary", cell.http, cell.http_problems), ("gRPC", cell.grpc, cell.grpc_problems)]
+    if cell.echo is not None:
+        rows.append(("grpc.aio echo (baseline)", cell.echo, []))
+    return rows
+
+
+def table_rows(cells: list[Cell]) -> list[list[str]]:
+    rows = []
+    for cell in cells:
+        workload = cell.workload
+        for index, (protocol, sample, problems) in enumerate(_rows_of(cell)):
+            is_grpc = protocol == "gRPC"
+            over_http = over_echo = ""
+            if is_grpc:
+                over_http = fmt_ratio(cell.grpc.rate / cell.http.rate) if cell.http.rate else "n/a"
+                if cell.echo is not None:
+                    over_echo = fmt_ratio(cell.grpc.rate / cell.echo.rate)
+            rows.append(
+                [
+                    _short_label(workload) if index == 0 else "",
+                    str(cell.concurrency) if index == 0 else "",
+                    protocol + ("" if not problems else " **WRONG**"),
+                    _throughput(sample, workload),
+                    fmt_number(sample.percentile_ms(0.5)),
+                    fmt_number(sample.percentile_ms(0.99)),
+                    over_http,
+                    over_echo,
+                    fmt_ratio(sample.rate / cell.ort.rate) if index < 2 else "",
+                    _target(protocol.split()[0], cell),
+                ]
+            )
+    return rows
+
+
+def ort_rows(cells: list[Cell]) -> list[str]:
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        seen.setdefault(cell.workload.model, cell)
+    return [
+        f"- ORT `run` baseline, {model}: {_throughput(cell.ort, cell.workload)}, "
+        f"p50 {fmt_number(cell.ort.percentile_ms(0.5))} ms, "
+        f"p99 {fmt_number(cell.ort.percentile_ms(0.99))} ms ({cell.ort.requests:,} calls)"
+        for model, cell in seen.items()
+    ]
+
+
+def report(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -> str:
+    pinning = ", ".join(f"{k}=1" for k in PINNED_THREADS)
+    lines = [
+        "## tensorgate gRPC benchmark, beside HTTP binary (same server process, same run)",
+        "",
+        (
+            "- server: tensorgate started by this script (`python -m server`, HTTP and gRPC "
+            "on 127.0.0.1, free ports)"
+        ),
+        (
+            f"- machine: nproc {facts['nproc']} ({facts['cpu']}), Python {facts['python']}, "
+            f"onnxruntime {facts['onnxruntime']}, grpcio {facts['grpcio']}, {facts['platform']}; "
+            f"load average {facts['load_average_1min']} at start"
+        ),
+        (
+            f"- thread pinning: {pinning} for the server and this process; server "
+            "`--backend-config=onnxruntime,intra_op_thread_count=1`; ORT baseline "
+            "`intra_op_num_threads=1`, `inter_op_num_threads=1`"
+        ),
+        (
+            "- HTTP load: bench_http's generator (one thread, non-blocking sockets, keep-alive, "
+            "one connection per slot, request pre-encoded). gRPC load: grpc.aio in one thread, "
+            "request serialized once and passed through an identity serializer, responses kept "
+            f"as bytes, N calls in flight on {args.grpc_channels} channel(s) for concurrency N. "
+            f"**Client and server share the same {facts['nproc']} cores**, so every figure "
+            "includes the client's CPU cost (see the CPU lines below)."
+        ),
+        (
+            "- baselines: ORT `run` (one in-process caller, the same figure at every "
+            "concurrency) and a grpc.aio echo (a child process whose ModelInfer handler returns "
+            "the request's bytes unparsed: Python gRPC's own cost for the same bytes, same "
+            "concurrency, same client)"
+            if args.echo
+            else "- baseline: ORT `run` (one in-process caller, the same figure at every "
+            "concurrency); grpc.aio echo baseline skipped (--no-echo)"
+        ),
+        (
+            f"- {args.seconds:g} s per cell after a short warm-up (cap {args.max_requests:,} "
+            "requests), HTTP, gRPC and echo one after the other for each cell; ratios are of "
+            "req/s; MB = 10^6 bytes of tensor payload each way; targets are DESIGN.md's "
+            "(perf_analyzer on 2 cores), for orientation only."
+        ),
+        "",
+        markdown_table(
+            [
+                "workload",
+                "concurrency",
+                "protocol",
+                "req/s",
+                "p50 ms",
+                "p99 ms",
+                "gRPC ÷ HTTP",
+                "gRPC ÷ echo",
+                "÷ ORT `run`",
+                "target",
+            ],
+            table_rows(cells),
+        ),
+        "",
+        *ort_rows(cells),
+        "",
+        "Checks and CPU per request (server = tensorgate or the echo, client = this process):",
+    ]
+    for cell in cells:
+        for protocol, sample, problems in _rows_of(cell):
+            size = (
+                cell.http_request_bytes if protocol.startswith("HTTP") else cell.grpc_request_bytes
+            )
+            verdict = "first response correct" if not problems else "; ".join(problems)
+            lines.append(
+                f"- {_short_label(cell.workload)} ×{cell.concurrency} {protocol}: "
+                f"{size:,} B → {len(sample.first_response):,} B, {sample.requests:,} requests, "
+                f"{sample.errors} errors, {verdict}; server "
+                f"{_per_request_us(sample.server_cpu, sample)}, client "
+                f"{_per_request_us(sample.client_cpu, sample)}"
+            )
+    return "\n".join(lines)
+
+
+def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    def figures(sample: Sample, workload: Workload) -> dict[str, Any]:
+        return {
+            "requests": sample.requests,
+            "errors": sample.errors,
+            "per_s": sample.rate,
+            "mb_per_s": sample.rate * workload.payload_bytes / _MB,
+            "p50_ms": sample.percentile_ms(0.5),
+            "p99_ms": sample.percentile_ms(0.99),
+            "server_cpu_us": None
+            if sample.server_cpu is None or not sample.requests
+            else sample.server_cpu / sample.requests * 1e6,
+            "client_cpu_us": sample.client_cpu / sample.requests * 1e6 if sample.requests else None,
+        }
+
+    return {
+        "machine": facts,
+        "thread_pinning": PINNED_THREADS,
+        "seconds": args.seconds,
+        "max_requests": args.max_requests,
+        "grpc_channels": args.grpc_channels,
+        "cells": [
+            {
+                "workload": cell.workload.label,
+                "concurrency": cell.concurrency,
+                "http": {
+                    **figures(cell.http, cell.workload),
+                    "request_bytes": cell.http_request_bytes,
+                    "response_bytes": len(cell.http.first_response),
+                    "problems": cell.http_problems,
+                },
+                "grpc": {
+                    **figures(cell.grpc, cell.workload),
+                    "request_bytes": cell.grpc_request_bytes,
+                    "response_bytes": len(cell.grpc.first_response),
+                    "problems": cell.grpc_problems,
+                },
+                "grpc_over_http": cell.grpc.rate / cell.http.rate if cell.http.rate else None,
+                "ort": figures(cell.ort, cell.workload),
+                "grpc_echo": None if cell.echo is None else figures(cell.echo, cell.workload),
+            }
+            for cell in cells
+        ],
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
+    parser.add_argument(
+        "--max-requests", type=int, default=200_000, help="request cap per cell (and ORT calls)"
+    )
+    parser.add_argument(
+        "--grpc-channels",
+        type=int,
+        default=1,
+        help="gRPC channels (TCP connections) the in-flight calls are spread over",
+    )
+    parser.add_argument(
+        "--no-echo",
+        dest="echo",
+        action="store_false",
+        help="skip the grpc.aio echo baseline (saves one timed run per cell)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.max_requests < 1 or args.grpc_channels < 1:
+        parser.error("--seconds, --max-requests and --grpc-channels must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    facts = {**machine_facts(), "grpcio": grpc.__version__}
+    server = ServerUnderTest()
+    echo = None
+    try:
+        echo = GrpcEchoServer() if args.echo else None
+        endpoints = Endpoints(server.address, server.grpc_address(), server.proc.pid, echo)
+        cells = run_cells(endpoints, args)
+    finally:
+        if echo is not None:
+            echo.stop()
+        server.stop()
+    print(report(cells, facts, args))
+    notable = server.notable_log_lines()
+    print(f"\nServer log during the run: {len(notable)} warning/error/stray lines")
+    for line in notable[:20]:
+        print(f"    {line}")
+    if args.json:
+        args.json.write_text(json.dumps(to_json(cells, facts, args), indent=2) + "\n")
+    failed = any(
+        cell.http_problems or cell.grpc_problems or cell.http.errors or cell.grpc.errors
+        for cell in cells
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
