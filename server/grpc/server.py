@@ -3,16 +3,47 @@ same event loop as HTTP."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from server.dataplane import DataPlane
-from server.generated import grpc_service_pb2_grpc as pb_grpc
-from server.grpc.servicer import InferenceServicer
+from server.generated import grpc_service_pb2 as pb
+from server.grpc.servicer import RAW_METHODS, InferenceServicer
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
 SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """Handlers for every RPC of the service, read from its descriptor. ``RAW_METHODS`` get
+    serialized bytes in and out; the others protobuf messages."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in service.methods:
+        behaviour = getattr(servicer, method.name)
+        if method.name in RAW_METHODS:
+            deserialize, serialize = None, None
+        else:
+            request_class = message_factory.GetMessageClass(method.input_type)
+            deserialize, serialize = request_class.FromString, _serialize
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if method.client_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            behaviour, request_deserializer=deserialize, response_serializer=serialize
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
 
 
 class GrpcServer:
@@ -26,10 +57,7 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
             ]
         )
-        # The generated registration function carries no annotations.
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane), self._server
-        )
+        self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane)),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 

@@ -17,7 +17,6 @@ import grpc
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
 from server.generated import grpc_service_pb2 as pb
-from server.generated import grpc_service_pb2_grpc as pb_grpc
 from server.protocol import grpc_codec
 from server.threads import run_in_thread
 
@@ -62,8 +61,14 @@ def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
     return handler
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The V2 gRPC service, backed by the same data plane as HTTP."""
+#: Methods whose handlers take and return serialized messages (``grpc_codec`` reads and
+#: writes their tensor fields without protobuf's copies); the others take messages.
+RAW_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
+
+
+class InferenceServicer:
+    """The V2 gRPC service, backed by the same data plane as HTTP. One coroutine per RPC of
+    ``inference.GRPCInferenceService``, registered by ``server.grpc.server``."""
 
     def __init__(self, dataplane: DataPlane) -> None:
         self._dataplane = dataplane
@@ -117,43 +122,48 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @_unary
-    async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: Context
-    ) -> pb.ModelInferResponse:
-        return await self._infer(request, final_flag=False)
+    async def ModelInfer(self, request: bytes, context: Context) -> bytes:
+        """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice."""
+        message, raw = grpc_codec.split_request(request)
+        return await self._infer(message, raw, len(request), final_flag=False)
 
-    async def _infer(self, request: pb.ModelInferRequest, final_flag: bool) -> pb.ModelInferResponse:
+    async def _infer(
+        self,
+        request: pb.ModelInferRequest,
+        raw: list[memoryview],
+        size: int,
+        final_flag: bool,
+    ) -> bytes:
         with self._dataplane.gate.admit():
-            return await self._admitted_infer(request, final_flag)
-
-    async def _admitted_infer(
-        self, request: pb.ModelInferRequest, final_flag: bool
-    ) -> pb.ModelInferResponse:
-        # Resolve the model first, so an unknown model is reported as such whatever the body.
-        spec = self._dataplane.model_spec(request.model_name, request.model_version)
-        if request.ByteSize() > _DECODE_OFF_LOOP_BYTES:
-            # Typed contents and BYTES elements are converted one by one: off the loop.
-            decoded = await run_in_thread(None, grpc_codec.decode_request, request, spec)
-        else:
-            decoded = grpc_codec.decode_request(request, spec)
-        response = await self._dataplane.infer(decoded)
-        return grpc_codec.encode_response(response, final_flag)
+            # Resolve the model first: an unknown model is reported as such whatever the body.
+            spec = self._dataplane.model_spec(request.model_name, request.model_version)
+            if size > _DECODE_OFF_LOOP_BYTES:
+                # Typed contents and BYTES elements are converted one by one: off the loop.
+                decoded = await run_in_thread(
+                    None, grpc_codec.decode_request, request, spec, raw
+                )
+            else:
+                decoded = grpc_codec.decode_request(request, spec, raw)
+            response = await self._dataplane.infer(decoded)
+            return grpc_codec.encode_response_bytes(response, final_flag)
 
     async def ModelStreamInfer(
         self,
-        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        request_iterator: AsyncIterator[bytes],
         context: Context,
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[bytes]:
         """Requests run concurrently; each reply goes out when ready (maybe out of order) and
         carries its request's id. A failed request is an ``error_message`` reply: the stream
         stays open."""
-        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
-        async def answer(request: pb.ModelInferRequest) -> None:
+        async def answer(data: bytes) -> None:
+            request = pb.ModelInferRequest()
             try:
-                reply = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, final_flag=True)
+                request, raw = grpc_codec.split_request(data)
+                reply = grpc_codec.stream_reply_bytes(
+                    await self._infer(request, raw, len(data), final_flag=True)
                 )
             except Exception as exc:
                 error = to_server_error(exc)
@@ -166,7 +176,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         model_version=request.model_version,
                         id=request.id,
                     ),
-                )
+                ).SerializeToString()
             replies.put_nowait(reply)
 
         async def read() -> None:
