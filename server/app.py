@@ -63,9 +63,17 @@ async def serve(settings: Settings) -> int:
         return 1
 
     dataplane = DataPlane(settings, repository)
-    http_server = _start_http(settings, dataplane) if settings.allow_http else None
+    try:
+        grpc_server = _bind_grpc(settings, dataplane) if settings.allow_grpc else None
+        http_server = _start_http(settings, dataplane) if settings.allow_http else None
+    except OSError as exc:  # a port in use, an address not ours
+        log.error("error: %s", exc)
+        repository.close()
+        return 1
     dataplane.set_live(True)
-    grpc_server = await _start_grpc(settings, dataplane) if settings.allow_grpc else None
+    if grpc_server is not None:
+        await grpc_server.start()
+        log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, grpc_server.port)
 
     stop, force = asyncio.Event(), asyncio.Event()
 
@@ -122,11 +130,9 @@ def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:
     return server
 
 
-async def _start_grpc(settings: Settings, dataplane: DataPlane) -> GrpcServer:
+def _bind_grpc(settings: Settings, dataplane: DataPlane) -> GrpcServer:
     server = GrpcServer(dataplane)
-    port = server.bind(settings.grpc_address, settings.grpc_port)
-    await server.start()
-    log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, port)
+    server.bind(settings.grpc_address, settings.grpc_port)
     return server
 
 

@@ -55,17 +55,24 @@ class GrpcServer:
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+                # grpcio shares ports by default: a second server would silently split traffic.
+                ("grpc.so_reuseport", 0),
             ]
         )
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane)),))
         self._health = health.aio.HealthServicer()
+        self.port = 0
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
     def bind(self, address: str, port: int) -> int:
         """Listen on ``address:port`` (0 picks a free port); the bound port."""
-        bound = self._server.add_insecure_port(f"{address}:{port}")
+        try:
+            bound = self._server.add_insecure_port(f"{address}:{port}")
+        except RuntimeError as exc:  # grpcio's "Failed to bind"
+            raise OSError(f"unable to bind the gRPC service to {address}:{port}: {exc}") from exc
         if bound == 0:
             raise OSError(f"unable to bind the gRPC service to {address}:{port}")
+        self.port = bound
         return bound
 
     async def start(self) -> None:

@@ -130,3 +130,18 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path: Path) -> None:
     keep_alive.close()
     assert answered[0] == 200
     assert server.wait_exit(30) == 0
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
+def test_port_in_use_is_a_clean_start_up_error(tmp_path: Path, flag: str) -> None:
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "m" / "1" / "model.onnx")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        server = start_server(tmp_path, args=(f"{flag}={port}",), timeout=30)
+        assert server.wait_exit() == 1
+        assert "error:" in server.log and "Traceback" not in server.log
+    finally:
+        taken.close()
