@@ -22,6 +22,7 @@ from server.threads import run_in_thread
 
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
 _DECODE_OFF_LOOP_BYTES = 1 << 20  # bodies above this are decoded on a worker thread
+_DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is read and dropped
 
 
 @tornado.web.stream_request_body
@@ -37,23 +38,36 @@ class InferHandler(BaseHandler):
         self._in_post = False
         self._request_id: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._drained_refusal = False
 
     def prepare(self) -> None:
         headers = self.request.headers
+        limit = self.settings_.http_max_input_size
+        length: int | None = None
         try:
             self._encoding = http_body.parse_content_encoding(headers.get("Content-Encoding"))
             length = http_body.parse_content_length(headers.get("Content-Length"))
-            limit = self.settings_.http_max_input_size
             if length is not None and length > limit:
                 is_binary = headers.get("Inference-Header-Content-Length") is not None
                 raise http_body.too_large(length, limit, binary=is_binary)
         except InferenceServerError as exc:
             # An unknown Content-Encoding is answered with the encodings we take (as Triton).
             extra = {"Accept-Encoding": "gzip, deflate"} if isinstance(exc, Unsupported) else None
-            self.send_server_error(exc, extra)
+            if length is not None and length <= limit + _DRAIN_BYTES:
+                self._answer_then_drain(exc, extra, length)
+            else:
+                self.send_server_error(exc, extra)
             return
         self._receiver = http_body.BodyReceiver(self.pool, limit, length)
 
+    def _answer_then_drain(
+        self, error: InferenceServerError, headers: dict[str, str] | None, length: int
+    ) -> None:
+        """Send the refusal now, then read and drop the body: a client still sending it gets
+        the answer instead of a connection reset, and the connection stays usable."""
+        self._drained_refusal = True
+        self.request.connection.set_max_body_size(length)  # type: ignore[union-attr]
+        self.send_server_error(error, headers, finish=False)
     def data_received(self, chunk: bytes) -> None:
         if self._receiver is None:
             return
@@ -67,6 +81,9 @@ class InferHandler(BaseHandler):
 
     async def post(self, model: str, version: str | None) -> None:
         self._in_post = True
+        if self._drained_refusal:  # answered in prepare(); the body has now been dropped
+            self.finish()
+            return
         if self._finished:  # refused while the body was arriving
             return
         try:

@@ -7,6 +7,7 @@ message must name the offending field (DESIGN.md: every client mistake is a 400 
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import socket
 import time
@@ -713,3 +714,24 @@ def test_corrupt_compressed_body(small: ServerProcess) -> None:
     _refused(post_json(small, "simple", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}))
     truncated = gzip.compress(json.dumps(simple_request()).encode())[:-10]
     _refused(post_json(small, "simple", truncated, {"Content-Encoding": "gzip"}))
+
+
+def test_oversize_body_sent_whole_gets_the_answer_and_keeps_the_connection(
+    small: ServerProcess,
+) -> None:
+    """A plain client that sends the whole oversize body (as `requests` does) reads the 400
+    rather than a connection reset, and can go on using the connection."""
+    assert small.port is not None
+    connection = http.client.HTTPConnection("127.0.0.1", small.port, timeout=10)
+    try:
+        connection.request("POST", "/v2/models/simple/infer", b"x" * (LIMIT * 100))
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 400
+        assert b"exceeds the maximum allowed input size" in body
+        connection.request("GET", "/v2/health/live")
+        again = connection.getresponse()
+        again.read()
+        assert again.status == 200
+    finally:
+        connection.close()
