@@ -6,6 +6,8 @@ transport. Results are plain records or dicts in the V2 JSON shape.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,6 +22,7 @@ from server.repository.manager import ModelRepository
 from server.request_gate import RequestGate
 from server.settings import Settings
 
+log = logging.getLogger("server")
 T = TypeVar("T")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
@@ -96,6 +99,9 @@ class DataPlane:
         prepared = validate(request, spec)
         try:
             results = await scheduler.execute(prepared.inputs, prepared.output_names)
+        except asyncio.CancelledError:
+            log.debug("request id %r to model '%s' cancelled by its client", request.id, spec.name)
+            raise
         except InferenceServerError:
             raise
         except Exception as exc:  # a model fault fails only this request

@@ -91,7 +91,7 @@ class InferHandler(BaseHandler):
                 self._task = asyncio.ensure_future(self._infer(model, version or ""))
                 await self._task
         except asyncio.CancelledError:
-            log.debug("client of request id %r disconnected: request dropped", self._request_id)
+            pass  # the client disconnected: nobody to answer
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
             error = to_server_error(exc)
             if isinstance(error, InternalError):  # the server's fault: keep a trace of it
