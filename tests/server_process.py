@@ -1,11 +1,13 @@
 """Start the real server as a subprocess on free ports, for integration tests.
 
 The server runs in its own process (as users run it, through the real CLI); ``--http-port=0``
-makes it pick a free port, which it logs as ``Started HTTPService at ADDR:PORT``.
+and ``--grpc-port=0`` make it pick free ports, which it logs as ``Started HTTPService at
+ADDR:PORT`` and ``Started GRPCInferenceService at ADDR:PORT``.
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import re
@@ -13,21 +15,51 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from server.cli import parse_bool
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
-_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+_HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+_GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 # One intra-op thread per session: the test machines have two cores.
 DEFAULT_ARGS = ("--backend-config=onnxruntime,intra_op_thread_count=1",)
 
 
+def _flag_enabled(args: Sequence[str], flag: str) -> bool:
+    """The value the server will give a boolean ``flag`` (default true; the last one wins)."""
+    enabled = True
+    for index, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            try:
+                enabled = parse_bool(arg.partition("=")[2])
+            except argparse.ArgumentTypeError:  # the server refuses it and exits
+                pass
+        elif arg == flag:
+            following = args[index + 1] if index + 1 < len(args) else ""
+            try:
+                enabled = parse_bool(following)
+            except argparse.ArgumentTypeError:  # a bare boolean flag means true
+                enabled = True
+    return enabled
+
+
 class ServerProcess:
-    """A running server; ``log`` collects everything it printed."""
+    """A running server; ``log`` collects everything it printed.
+
+    ``port`` is the HTTP port and ``grpc_port`` the gRPC one, each None until the server has
+    logged it (or when its endpoint is off). Start-up waits for the line of every endpoint the
+    flags enable.
+    """
 
     def __init__(self, args: list[str], timeout: float = 60.0) -> None:
         self.lines: list[str] = []
         self.port: int | None = None
+        self.grpc_port: int | None = None
+        self._want_http = _flag_enabled(args, "--allow-http")
+        self._want_grpc = _flag_enabled(args, "--allow-grpc")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", *args],
@@ -45,17 +77,30 @@ class ServerProcess:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self._reader.join(5)
                 return
-        self._wait_live(deadline)
+        if self.port is not None:
+            self._wait_live(deadline)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
-            match = _STARTED.search(line)
-            if match and self.port is None:
-                self.port = int(match.group(1))
+            http_match = _HTTP_STARTED.search(line)
+            if http_match and self.port is None:
+                self.port = int(http_match.group(1))
+            grpc_match = _GRPC_STARTED.search(line)
+            if grpc_match and self.grpc_port is None:
+                self.grpc_port = int(grpc_match.group(1))
+            if self._all_started():
                 self._started.set()
         self.proc.stdout.close()
+
+    def _all_started(self) -> bool:
+        """Every enabled endpoint has logged its port (with none enabled, nothing to wait for)."""
+        if not (self._want_http or self._want_grpc):
+            return False
+        return (not self._want_http or self.port is not None) and (
+            not self._want_grpc or self.grpc_port is not None
+        )
 
     def _wait_live(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -73,6 +118,12 @@ class ServerProcess:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``127.0.0.1:PORT`` of the gRPC service, as ``tritonclient.grpc`` takes it."""
+        assert self.grpc_port is not None, self.log
+        return f"127.0.0.1:{self.grpc_port}"
 
     def request(
         self,
@@ -110,7 +161,9 @@ class ServerProcess:
 
 
 def start_server(*repositories: Path, args: tuple[str, ...] = (), timeout: float = 60.0) -> ServerProcess:
-    """Start a server on ``repositories`` listening on 127.0.0.1 and a free port."""
+    """Start a server on ``repositories``, HTTP and gRPC on 127.0.0.1 and free ports (``args``
+    come last, so they override these)."""
     argv = [f"--model-repository={repo}" for repo in repositories]
-    argv += ["--http-port=0", "--http-address=127.0.0.1", *DEFAULT_ARGS, *args]
+    argv += ["--http-port=0", "--http-address=127.0.0.1"]
+    argv += ["--grpc-port=0", "--grpc-address=127.0.0.1", *DEFAULT_ARGS, *args]
     return ServerProcess(argv, timeout)

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from server.errors import InvalidArgument, Unsupported
 from server.generated import grpc_service_pb2 as pb
 from server.protocol import datatypes
-from server.protocol.binary import serialize_bytes, tensor_from_bytes, tensor_to_bytes
+from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
@@ -190,29 +190,6 @@ def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> R
     if "classification" in params:
         raise Unsupported("the classification extension is not supported")
     return RequestedOutput(output.name, params)
-
-
-def encode_response(response: InferResponse, final_flag: bool = False) -> pb.ModelInferResponse:
-    """A ``ModelInferResponse`` with one ``raw_output_contents`` entry per output, in order.
-    ``final_flag`` adds ``triton_final_response: true``, as Triton does on streamed replies."""
-    msg = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id or "",
-    )
-    for output in response.outputs:
-        msg.outputs.add(name=output.name, datatype=output.datatype.name, shape=output.shape)
-        msg.raw_output_contents.append(_raw_bytes(output.data, output.datatype))
-    if final_flag:
-        msg.parameters[FINAL_RESPONSE].bool_param = True
-    return msg
-
-
-def _raw_bytes(array: np.ndarray, datatype: DataType) -> bytes:
-    if datatype.is_bytes:
-        return serialize_bytes(array)
-    # protobuf copies whatever it is given; tobytes() is that one copy (little-endian).
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
 # --- Wire-level fast path -------------------------------------------------------------------

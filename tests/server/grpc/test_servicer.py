@@ -1,0 +1,264 @@
+"""The servicer in-process, over a data plane that fails on demand: the error table for the
+cases a live server cannot be driven into (UNAVAILABLE, an unexpected exception), and
+cancellation of an RPC whose deadline has passed (triton-facts §1.3)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from server.dataplane import DataPlane
+from server.errors import (
+    InferenceServerError,
+    InternalError,
+    InvalidArgument,
+    ModelLoadError,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
+from server.generated import model_config_pb2 as mc
+from server.grpc.server import GrpcServer
+from server.grpc.servicer import status_code
+from server.protocol.types import InferRequest, InferResponse
+from server.settings import Settings
+
+STOPPING = (
+    "Server is stopping, scheduler for model has stopped accepting new inference requests"
+)
+
+
+@pytest.mark.parametrize(
+    "error, code, http",
+    [
+        (InvalidArgument("x"), grpc.StatusCode.INVALID_ARGUMENT, 400),
+        (ModelLoadError("x"), grpc.StatusCode.INVALID_ARGUMENT, 400),
+        (NotFound("x"), grpc.StatusCode.NOT_FOUND, 404),
+        (Unavailable("x"), grpc.StatusCode.UNAVAILABLE, 503),
+        (Unsupported("x"), grpc.StatusCode.UNIMPLEMENTED, 501),
+        (InternalError("x"), grpc.StatusCode.INTERNAL, 500),
+    ],
+)
+def test_status_code_table(error: InferenceServerError, code: grpc.StatusCode, http: int) -> None:
+    assert status_code(error) == code
+    assert error.http_status == http
+
+
+class FakeDataPlane(DataPlane):
+    """The real data plane (readiness, request gate) over no repository: every model exists,
+    lookups fail with ``failure`` when it is set, and ``infer`` can be made to hang until
+    cancelled (every request, or those in ``hang_ids``)."""
+
+    def __init__(self, ready: bool = True) -> None:
+        super().__init__(Settings(strict_readiness=False), None)  # type: ignore[arg-type]
+        self.set_live(ready)
+        self.failure: BaseException | None = None
+        self.hang = False
+        self.hang_ids: set[str] = set()
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    def _fail(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def model_ready(self, name: str, version: str) -> bool:
+        return True
+
+    def model_metadata(self, name: str, version: str) -> dict[str, Any]:
+        self._fail()
+        return {"name": name, "versions": ["1"], "platform": "p", "inputs": [], "outputs": []}
+
+    def model_spec(self, name: str, version: str) -> Any:
+        self._fail()
+        return None  # decode without checking against a model
+
+    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+        self._fail()
+        return mc.ModelConfig(name=name)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self._fail()
+        if self.hang or request.id in self.hang_ids:
+            self.started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        return InferResponse(request.model_name, "1", [], id=request.id)
+
+
+Scenario = Callable[
+    [FakeDataPlane, service_pb2_grpc.GRPCInferenceServiceStub, grpc.aio.Channel], Awaitable[None]
+]
+
+
+def _run(scenario: Scenario, ready: bool = True) -> None:
+    async def main() -> None:
+        plane = FakeDataPlane(ready)
+        server = GrpcServer(plane)
+        port = server.bind("127.0.0.1", 0)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await scenario(plane, service_pb2_grpc.GRPCInferenceServiceStub(channel), channel)
+        finally:
+            await server.stop(0)
+
+    asyncio.run(main())
+
+
+def _request(request_id: str = "") -> service_pb2.ModelInferRequest:
+    return service_pb2.ModelInferRequest(model_name="m", id=request_id)
+
+
+async def _code_and_details(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), info.value.details() or ""
+
+
+def test_unavailable_maps_to_unavailable_on_every_rpc_kind() -> None:
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.failure = Unavailable(STOPPING)
+        for call in (
+            stub.ModelInfer(_request()),
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="m")),
+            stub.ModelConfig(service_pb2.ModelConfigRequest(name="m")),
+        ):
+            assert await _code_and_details(call) == (grpc.StatusCode.UNAVAILABLE, STOPPING)
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield _request("a")
+
+        replies = [reply async for reply in stub.ModelStreamInfer(requests())]
+        assert [(r.error_message, r.infer_response.id) for r in replies] == [(STOPPING, "a")]
+
+    _run(scenario)
+
+
+def test_unexpected_exception_is_internal_with_its_text() -> None:
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.failure = RuntimeError("boom")
+        code, details = await _code_and_details(stub.ModelInfer(_request()))
+        assert code == grpc.StatusCode.INTERNAL
+        assert details == "RuntimeError: boom"
+        # the stream reports it and stays open for the next request
+        plane.failure = None
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            plane.failure = RuntimeError("boom")
+            yield _request("bad")
+
+        replies = [reply async for reply in stub.ModelStreamInfer(requests())]
+        assert [(r.error_message, r.infer_response.id) for r in replies] == [
+            ("RuntimeError: boom", "bad")
+        ]
+
+    _run(scenario)
+
+
+def test_deadline_cancels_the_inference() -> None:
+    """An RPC past its deadline does not keep its inference running on the server."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.hang = True
+        code, _details = await _code_and_details(stub.ModelInfer(_request(), timeout=0.5))
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert plane.started.is_set()
+        await asyncio.wait_for(plane.cancelled.wait(), timeout=5)
+
+    _run(scenario)
+
+
+def test_client_cancel_cancels_the_inference() -> None:
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.hang = True
+        call = stub.ModelInfer(_request())
+        await asyncio.wait_for(plane.started.wait(), timeout=5)
+        call.cancel()
+        await asyncio.wait_for(plane.cancelled.wait(), timeout=5)
+
+    _run(scenario)
+
+
+@pytest.mark.parametrize(
+    "ready, status",
+    [
+        (True, health_pb2.HealthCheckResponse.SERVING),
+        (False, health_pb2.HealthCheckResponse.NOT_SERVING),
+    ],
+)
+def test_health_follows_readiness(ready: bool, status: int) -> None:
+    async def scenario(
+        plane: FakeDataPlane,
+        stub: service_pb2_grpc.GRPCInferenceServiceStub,
+        channel: grpc.aio.Channel,
+    ) -> None:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == status
+        assert (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready is ready
+
+    _run(scenario, ready=ready)
+
+
+def test_stream_replies_as_each_request_completes_and_cancel_stops_the_rest() -> None:
+    """A slow request does not hold back the replies of later ones; cancelling the stream
+    cancels what is still running."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.hang_ids = {"slow"}
+        call = stub.ModelStreamInfer()
+        await call.write(_request("slow"))
+        await asyncio.wait_for(plane.started.wait(), timeout=5)
+        await call.write(_request("fast"))
+        reply = await asyncio.wait_for(call.read(), timeout=5)
+        assert (reply.error_message, reply.infer_response.id) == ("", "fast")
+        assert not plane.cancelled.is_set()
+        call.cancel()
+        await asyncio.wait_for(plane.cancelled.wait(), timeout=5)
+
+    _run(scenario)
+
+
+def test_closed_gate_refuses_inference_with_unavailable() -> None:
+    """Shutting down: new requests are refused with UNAVAILABLE and Triton's text, unary and
+    streamed alike; readiness turns false."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        assert (await stub.ModelInfer(_request("before"))).id == "before"
+        plane.gate.close()
+        assert await _code_and_details(stub.ModelInfer(_request())) == (
+            grpc.StatusCode.UNAVAILABLE,
+            STOPPING,
+        )
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield _request("late")
+
+        replies = [reply async for reply in stub.ModelStreamInfer(requests())]
+        assert [(r.error_message, r.infer_response.id) for r in replies] == [(STOPPING, "late")]
+        assert (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready is False
+
+    _run(scenario)
