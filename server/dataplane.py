@@ -72,7 +72,8 @@ class DataPlane:
         served = self._repository.version(name, version)
         config = _required(served.config)
         spec = _required(served.spec)
-        versions = [str(served.version)] if version else [str(v) for v in self._ready_versions(name)]
+        served_versions = self._ready_versions(name)
+        versions = [str(served.version)] if version else [str(v) for v in served_versions]
         return {
             "name": name,
             "versions": versions,
