@@ -38,6 +38,13 @@ def _configure_logging(settings: Settings) -> None:
         logging.getLogger("tornado.access").setLevel(logging.WARNING)
 
 
+def _initial_models(settings: Settings) -> list[str] | None:
+    """The models to load at start: all of them, except in explicit mode."""
+    if settings.model_control_mode != "explicit" or "*" in settings.load_models:
+        return None
+    return list(settings.load_models)
+
+
 def _model_table(repository: ModelRepository) -> None:
     for name, model in sorted(repository.models.items()):
         if model.reason:
@@ -52,14 +59,14 @@ async def serve(settings: Settings) -> int:
     backend = OnnxRuntimeBackend(settings.backend_config.get("onnxruntime"))
     repository = ModelRepository(settings, {backend.name: backend})
     try:
-        await repository.load_all()
+        await repository.load_initial(_initial_models(settings))
     except InferenceServerError as exc:
         log.error("error: %s", exc.message)
         return 1
     _model_table(repository)
     if repository.failed_models() and settings.exit_on_error:
         log.error("error: failed to load all models; exiting (--exit-on-error=true)")
-        repository.close()
+        await repository.close()
         return 1
 
     dataplane = DataPlane(settings, repository)
@@ -68,12 +75,17 @@ async def serve(settings: Settings) -> int:
         http_server = _start_http(settings, dataplane) if settings.allow_http else None
     except OSError as exc:  # a port in use, an address not ours
         log.error("error: %s", exc)
-        repository.close()
+        await repository.close()
         return 1
     dataplane.set_live(True)
     if grpc_server is not None:
         await grpc_server.start()
         log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, grpc_server.port)
+    poller = (
+        asyncio.create_task(_poll_repository(repository, settings.repository_poll_secs))
+        if settings.model_control_mode == "poll"
+        else None
+    )
 
     stop, force = asyncio.Event(), asyncio.Event()
 
@@ -90,6 +102,8 @@ async def serve(settings: Settings) -> int:
         dataplane.gate.inside, settings.exit_timeout_secs,
     )
     dataplane.gate.close()  # new requests get 503 / UNAVAILABLE; readiness turns false
+    if poller is not None:
+        poller.cancel()
     if http_server is not None:
         http_server.stop()  # no new connections
     if grpc_server is not None:
@@ -109,9 +123,19 @@ async def serve(settings: Settings) -> int:
             await asyncio.wait_for(http_server.close_all_connections(), _CLOSE_TIMEOUT_SECS)
         except TimeoutError:
             log.warning("HTTP connections did not close within %d s", _CLOSE_TIMEOUT_SECS)
-    repository.close()
+    await repository.close()
     log.info("stopped")
     return 0
+
+
+async def _poll_repository(repository: ModelRepository, every_secs: int) -> None:
+    """Poll mode: rescan the repository folders every ``every_secs`` seconds."""
+    while True:
+        await asyncio.sleep(every_secs)
+        try:
+            await repository.poll_once()
+        except (InferenceServerError, OSError) as exc:  # keep polling: the folder may return
+            log.error("repository poll failed: %s", exc)
 
 
 def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:

@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
          help="Metrics listen address (default: the HTTP address)")
     flag("--metrics-port", type=_port, default=8002, metavar="PORT",
          help="Metrics port (accepted; metrics are not served yet) (default: 8002)")
+    flag("--model-control-mode", choices=("none", "poll", "explicit"), default="none",
+         help="none: load every model at start, no load/unload API; poll: also rescan the "
+              "repository every --repository-poll-secs; explicit: load only --load-model "
+              "models at start, then through the repository API (default: none)")
+    flag("--load-model", dest="load_model", action="append", default=[], metavar="NAME",
+         help="Explicit mode: a model to load at start; repeatable; '*' loads all")
+    flag("--repository-poll-secs", type=int, default=15, metavar="SECS",
+         help="Poll mode: seconds between repository rescans (default: 15)")
     bool_flag("--exit-on-error", True, "Exit when a model fails to load at start")
     bool_flag("--strict-readiness", True,
               "Ready only when every model is ready; false: ready when the server is up")
@@ -104,6 +112,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     args = parser.parse_args(argv)
     if args.http_max_input_size <= 0:
         parser.exit(1, "Error: --http-max-input-size must be greater than 0.\n")
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
+    if args.repository_poll_secs <= 0:
+        parser.exit(1, "Error: --repository-poll-secs must be greater than 0.\n")
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
@@ -120,6 +134,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         disable_auto_complete_config=args.disable_auto_complete_config,

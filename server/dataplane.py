@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from server import __version__
-from server.errors import InferenceServerError, InternalError
+from server.errors import InferenceServerError, InternalError, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
-from server.protocol.validation import validate
+from server.protocol.validation import PreparedRequest, validate
+from server.repository.config import parse_json_config
+from server.repository.loader import ModelVersion
 from server.repository.manager import ModelRepository
 from server.request_gate import RequestGate
 from server.settings import Settings
@@ -96,19 +98,11 @@ class DataPlane:
         """Validate, run and package one request."""
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
-        scheduler = _required(served.scheduler)
         prepared = validate(request, spec)
-        try:
-            results = await scheduler.execute(prepared.inputs, prepared.output_names)
-        except asyncio.CancelledError:
-            log.debug("request id %r to model '%s' cancelled by its client", request.id, spec.name)
-            raise
-        except InferenceServerError:
-            raise
-        except Exception as exc:  # a model fault fails only this request
-            raise InternalError(
-                f"model '{spec.name}' version {served.version} failed: {exc}"
-            ) from exc
+        # Admitted in the same step as the lookup: a reload or unload that closes this
+        # version's gate afterwards waits for this request.
+        with served.gate.admit():
+            results = await self._execute(served, spec, request, prepared)
         outputs = []
         for name in prepared.output_names:
             declared = spec.outputs[name]
@@ -120,6 +114,48 @@ class DataPlane:
             outputs=outputs,
             id=request.id,
         )
+
+    async def _execute(
+        self,
+        served: ModelVersion,
+        spec: ModelSpec,
+        request: InferRequest,
+        prepared: PreparedRequest,
+    ) -> dict[str, np.ndarray]:
+        scheduler = _required(served.scheduler)
+        try:
+            return await scheduler.execute(prepared.inputs, prepared.output_names)
+        except asyncio.CancelledError:
+            log.debug("request id %r to model '%s' cancelled by its client", request.id, spec.name)
+            raise
+        except InferenceServerError:
+            raise
+        except Exception as exc:  # a model fault fails only this request
+            raise InternalError(
+                f"model '{spec.name}' version {served.version} failed: {exc}"
+            ) from exc
+
+    # --- model repository extension ---------------------------------------------------------
+
+    def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+        return self._repository.index(ready_only)
+
+    async def load_model(
+        self, name: str, config_json: str | None, files: dict[str, bytes]
+    ) -> None:
+        """Load or reload a model (explicit mode only), optionally with a JSON config and
+        file overrides written to a private folder."""
+        self._require_explicit_mode()
+        override = parse_json_config(config_json) if config_json is not None else None
+        await self._repository.load(name, override, files)
+
+    async def unload_model(self, name: str) -> None:
+        self._require_explicit_mode()
+        await self._repository.unload(name)
+
+    def _require_explicit_mode(self) -> None:
+        if self._settings.model_control_mode != "explicit":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
 
 def _required(value: T | None) -> T:

@@ -1,7 +1,8 @@
-"""Counts the requests in flight, and stops letting new ones in when the server shuts down.
+"""Counts the requests in flight, and stops letting new ones in when asked to.
 
-Graceful shutdown: the gate closes (new requests get 503 / UNAVAILABLE, readiness turns
-false), then the server waits until the requests already inside have been answered.
+Graceful shutdown: the server's gate closes (new requests get 503 / UNAVAILABLE, readiness
+turns false), then the server waits until the requests already inside have been answered.
+Each model version has a gate too, closed when the version is unloaded or replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ STOPPING = (
 class RequestGate:
     """A counter of admitted requests with a switch to refuse new ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, closed_message: str = STOPPING) -> None:
+        self._closed_message = closed_message
         self._inside = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -38,7 +40,7 @@ class RequestGate:
     def admit(self) -> Iterator[None]:
         """Hold one place while the request is served; refused once the gate is closed."""
         if self._closed:
-            raise Unavailable(STOPPING)
+            raise Unavailable(self._closed_message)
         self._inside += 1
         self._idle.clear()
         try:

@@ -23,6 +23,9 @@ class Settings:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    model_control_mode: str = "none"  # none | poll | explicit
+    load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
+    repository_poll_secs: int = 15
     exit_on_error: bool = True
     strict_readiness: bool = True
     disable_auto_complete_config: bool = False

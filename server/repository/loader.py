@@ -18,6 +18,7 @@ from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
 from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.versions import available_versions, select_versions
+from server.request_gate import RequestGate
 from server.scheduling.direct import DirectScheduler
 from server.settings import Settings
 
@@ -45,6 +46,8 @@ class ModelVersion:
     config: mc.ModelConfig | None = None
     spec: ModelSpec | None = None
     scheduler: DirectScheduler | None = None
+    #: admits requests to this version; closed when it is unloaded or replaced
+    gate: RequestGate = field(default_factory=RequestGate)
 
 
 @dataclass
@@ -107,12 +110,19 @@ def _resolve_backend(
 
 
 def load_model(
-    model_dir: Path, backends: Mapping[str, Backend], settings: Settings, gpu_count: int = 0
+    model_dir: Path,
+    backends: Mapping[str, Backend],
+    settings: Settings,
+    config_override: mc.ModelConfig | None = None,
+    gpu_count: int = 0,
 ) -> Model:
-    """Load every version the policy selects; failures are recorded, not raised."""
+    """Load every version the policy selects; failures are recorded, not raised.
+    ``config_override`` replaces the folder's ``config.pbtxt`` (load API)."""
     model = Model(name=model_dir.name, path=model_dir)
     try:
-        config, backend, versions = _prepare_config(model_dir, backends, settings, gpu_count)
+        config, backend, versions = _prepare_config(
+            model_dir, backends, settings, config_override, gpu_count
+        )
     except InferenceServerError as exc:
         model.reason = exc.message
         log.error("failed to load model '%s': %s", model.name, exc.message)
@@ -127,9 +137,17 @@ def load_model(
 
 
 def _prepare_config(
-    model_dir: Path, backends: Mapping[str, Backend], settings: Settings, gpu_count: int
+    model_dir: Path,
+    backends: Mapping[str, Backend],
+    settings: Settings,
+    config_override: mc.ModelConfig | None,
+    gpu_count: int,
 ) -> tuple[mc.ModelConfig, Backend, list[int]]:
-    config = model_config.read_config(model_dir)
+    if config_override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(config_override)
+    else:
+        config = model_config.read_config(model_dir)
     if config.name and config.name != model_dir.name:
         raise ModelLoadError(
             f"unexpected directory name '{model_dir.name}' for model '{config.name}', directory "
@@ -154,7 +172,13 @@ def _load_version(
     model_dir: Path, version: int, config: mc.ModelConfig, backend: Backend
 ) -> ModelVersion:
     path = model_dir / str(version) / config.default_model_filename
-    result = ModelVersion(config.name, version, State.UNAVAILABLE, config=config)
+    result = ModelVersion(
+        config.name,
+        version,
+        State.UNAVAILABLE,
+        config=config,
+        gate=RequestGate(f"model '{config.name}' version {version} is being unloaded"),
+    )
     if not path.exists():
         result.reason = f"model file {version}/{config.default_model_filename} not found"
         log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)

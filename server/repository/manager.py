@@ -1,23 +1,32 @@
-"""The set of served models, found in the repository folders and loaded at start.
+"""The served models and their lifecycle: load, reload, unload, index, and polling.
 
 Lookups raise Triton's errors: an unknown model name is a 400, an unknown or unready version a
-404. (Loading and unloading while serving arrive with the model lifecycle issue.)
+404. A reload keeps the old versions serving until the new ones are READY and then switches in
+one step; a replaced or unloaded version refuses new requests (503) and is closed once the
+requests it admitted have been answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backends.base import Backend
-from server.errors import InvalidArgument, NotFound
+from server.errors import InvalidArgument, ModelLoadError, NotFound
+from server.generated import model_config_pb2 as mc
 from server.repository.loader import Model, ModelVersion, State, load_model
+from server.repository.overrides import OverrideFolder, check_model_name
 from server.repository.versions import parse_version
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
+
+Fingerprint = tuple[tuple[str, int, int], ...]
 
 
 def _unknown_model(name: str) -> InvalidArgument:
@@ -42,39 +51,65 @@ def scan_repositories(paths: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
+def fingerprint(model_dir: Path) -> Fingerprint:
+    """What poll mode compares to see a model changed: every file's path, size and mtime."""
+    entries = []
+    for folder, _, files in os.walk(model_dir):
+        for name in files:
+            path = Path(folder, name)
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+@dataclass
+class _Loaded:
+    """A model as last loaded: its versions, where it came from, what it looked like."""
+
+    model: Model
+    fingerprint: Fingerprint
+    override: OverrideFolder | None = None
+
+
 class ModelRepository:
-    """Holds every model of the repositories and answers which version serves a request."""
+    """Holds the models and answers which version serves a request."""
 
     def __init__(self, settings: Settings, backends: Mapping[str, Backend]) -> None:
         self._settings = settings
         self._backends = dict(backends)
-        self._models: dict[str, Model] = {}
+        self._loaded: dict[str, _Loaded] = {}
+        self._wanted: set[str] = set()  # models that should be serving (readiness)
+        self._loading: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
 
-    async def load_all(self) -> None:
-        """Scan the repositories and load every model, one at a time off the event loop
-        (ONNX Runtime session creation is not safe to run concurrently)."""
-        folders = scan_repositories(self._settings.model_repositories)
-        for name, path in folders.items():
-            self._models[name] = await asyncio.to_thread(
-                load_model, path, self._backends, self._settings
-            )
+    # --- lookups -----------------------------------------------------------------------------
 
     @property
     def models(self) -> dict[str, Model]:
-        return self._models
+        return {name: loaded.model for name, loaded in self._loaded.items()}
 
     def failed_models(self) -> list[Model]:
-        """Models that are not fully ready (their reasons say why)."""
-        return [model for model in self._models.values() if not model.ready]
+        """Wanted models that are not fully ready (their reasons say why)."""
+        return [
+            loaded.model
+            for name, loaded in self._loaded.items()
+            if name in self._wanted and not loaded.model.ready
+        ]
 
     def all_ready(self) -> bool:
-        return all(model.ready for model in self._models.values())
+        """Every model that should be loaded is READY (and none is still loading)."""
+        return not (self._loading & self._wanted) and all(
+            name in self._loaded and self._loaded[name].model.ready for name in self._wanted
+        )
 
     def model(self, name: str) -> Model:
-        model = self._models.get(name)
-        if model is None:
+        loaded = self._loaded.get(name)
+        if loaded is None:
             raise _unknown_model(name)
-        return model
+        return loaded.model
 
     def version(self, name: str, version: str) -> ModelVersion:
         """The READY version serving ``name``/``version`` ("" = the newest ready version)."""
@@ -91,19 +126,193 @@ class ModelRepository:
         return found
 
     def is_ready(self, name: str, version: str) -> bool:
-        model = self._models.get(name)
-        if model is None:
+        try:
+            return self.version(name, version).state is State.READY
+        except (InvalidArgument, NotFound):
             return False
-        if not version:
-            return bool(model.ready_versions())
-        number = parse_version(version)
-        found = model.versions.get(number) if number is not None else None
-        return found is not None and found.state is State.READY
 
-    def close(self) -> None:
-        for model in self._models.values():
-            for version in model.versions.values():
-                if version.scheduler is not None:
-                    version.scheduler.close()
-                    version.scheduler = None
-                version.state = State.UNAVAILABLE
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        """Triton's repository index: one entry per loaded version, name-only entries for
+        models in the folders that were never loaded; only READY ones with ``ready_only``."""
+        entries: list[dict[str, Any]] = []
+        names = set(self._loaded) | self._loading | set(self._folders(strict=False))
+        for name in sorted(names):
+            loaded = self._loaded.get(name)
+            if name in self._loading and (loaded is None or not loaded.model.versions):
+                if not ready_only:
+                    entries.append({"name": name, "state": State.LOADING.value})
+                continue
+            if loaded is None:
+                if not ready_only:
+                    entries.append({"name": name})
+                continue
+            model = loaded.model
+            if not model.versions and not ready_only:
+                entries.append(
+                    {"name": name, "state": State.UNAVAILABLE.value, "reason": model.reason}
+                )
+            for number, served in sorted(model.versions.items()):
+                if ready_only and served.state is not State.READY:
+                    continue
+                entries.append(
+                    {
+                        "name": name,
+                        "version": str(number),
+                        "state": served.state.value,
+                        "reason": served.reason,
+                    }
+                )
+        return entries
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _folders(self, strict: bool = True) -> dict[str, Path]:
+        try:
+            return scan_repositories(self._settings.model_repositories)
+        except (NotFound, InvalidArgument):
+            if strict:
+                raise
+            return {}
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def load_initial(self, names: Iterable[str] | None = None) -> None:
+        """Load ``names`` (None: every model in the repositories), several at once.
+        Failures are recorded in the models' states, not raised."""
+        folders = self._folders()
+        wanted = list(folders) if names is None else list(names)
+        for name in wanted:
+            if name not in folders:
+                raise ModelLoadError(
+                    f"failed to load '{name}', failed to poll from model repository"
+                )
+        await asyncio.gather(*(self._load(name, folders[name]) for name in wanted))
+
+    async def load(
+        self,
+        name: str,
+        config_override: mc.ModelConfig | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload ``name`` (from its folder, or from ``files`` in a private folder);
+        raises when it does not load, in which case a serving old version keeps serving."""
+        check_model_name(name)
+        override = OverrideFolder(name, files) if files else None
+        if override is not None:
+            path = override.model_dir
+        else:
+            path_or_none = self._folders().get(name)
+            if path_or_none is None:
+                raise ModelLoadError(
+                    f"failed to load '{name}', failed to poll from model repository"
+                )
+            path = path_or_none
+        model = await self._load(name, path, config_override, override, strict=True)
+        if not model.ready:
+            raise ModelLoadError(f"failed to load '{name}': {_failure(model)}")
+
+    async def _load(
+        self,
+        name: str,
+        path: Path,
+        config_override: mc.ModelConfig | None = None,
+        override: OverrideFolder | None = None,
+        strict: bool = False,
+    ) -> Model:
+        async with self._lock(name):
+            self._wanted.add(name)
+            self._loading.add(name)
+            try:
+                seen = await asyncio.to_thread(fingerprint, path)
+                model = await asyncio.to_thread(
+                    load_model, path, self._backends, self._settings, config_override
+                )
+            finally:
+                self._loading.discard(name)
+            previous = self._loaded.get(name)
+            if strict and not model.ready and previous is not None and previous.model.ready:
+                # A failed reload: the serving versions stay; the new attempt is dropped.
+                await _retire(model)
+                if override is not None:
+                    override.remove()
+                log.error("reload of '%s' failed; the serving versions stay: %s", name, _failure(model))
+                return model
+            self._loaded[name] = _Loaded(model, seen, override)
+            if previous is not None:
+                await _retire(previous.model)
+                if previous.override is not None:
+                    previous.override.remove()
+            return model
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: new requests are refused, admitted ones are answered, then
+        its instances are released. Unloading a model that is not loaded does nothing."""
+        async with self._lock(name):
+            self._wanted.discard(name)
+            loaded = self._loaded.get(name)
+            if loaded is None:
+                return
+            for served in loaded.model.versions.values():
+                if served.state is State.READY:
+                    served.state = State.UNLOADING
+            await _retire(loaded.model)
+            for served in loaded.model.versions.values():
+                served.state = State.UNAVAILABLE
+                served.reason = "unloaded"
+            if loaded.override is not None:
+                loaded.override.remove()
+                loaded.override = None
+            log.info("unloaded '%s'", name)
+
+    async def poll_once(self) -> None:
+        """Poll mode: load new models, reload changed ones, unload removed ones."""
+        folders = self._folders(strict=False)
+        for name, path in folders.items():
+            loaded = self._loaded.get(name)
+            if loaded is not None and loaded.override is None:
+                changed = await asyncio.to_thread(fingerprint, path) != loaded.fingerprint
+                if not changed:
+                    continue
+                log.info("model '%s' changed: reloading", name)
+            elif name in self._wanted:
+                continue
+            else:
+                log.info("new model '%s': loading", name)
+            await self._load(name, path, strict=True)
+        for name in list(self._wanted):
+            if name not in folders:
+                log.info("model '%s' removed from the repository: unloading", name)
+                await self.unload(name)
+
+    async def close(self) -> None:
+        """Release every model (server shutdown)."""
+        for loaded in list(self._loaded.values()):
+            await _retire(loaded.model)
+            if loaded.override is not None:
+                loaded.override.remove()
+
+
+def _failure(model: Model) -> str:
+    reasons = [model.reason] if model.reason else []
+    reasons += [
+        f"version {number}: {served.reason}"
+        for number, served in sorted(model.versions.items())
+        if served.state is not State.READY
+    ]
+    return "; ".join(reasons) or "no version loaded"
+
+
+async def _retire(model: Model) -> None:
+    """Close every version to new requests, wait for those admitted, release the instances."""
+    for served in model.versions.values():
+        served.gate.close()
+    for served in model.versions.values():
+        while not await served.gate.wait_idle(60):
+            log.warning(
+                "still waiting for %d requests to '%s' version %d before releasing it",
+                served.gate.inside, model.name, served.version,
+            )
+        if served.scheduler is not None:
+            scheduler, served.scheduler = served.scheduler, None
+            await asyncio.to_thread(scheduler.close)

@@ -104,7 +104,7 @@ def test_version_policy_serves_selected_versions(tmp_path: Path) -> None:
 def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path: Path) -> None:
     """A request running when SIGTERM arrives is answered; a new one on an open connection
     gets 503; readiness turns false meanwhile; the exit code is 0."""
-    server = start_server(build_slow_repository(tmp_path))
+    server = start_server(build_slow_repository(tmp_path, matmuls=120))  # a request of seconds
     assert server.port is not None, server.log
     keep_alive = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     keep_alive.request("GET", "/v2/health/ready")

@@ -34,7 +34,7 @@ def load(tmp_path: Path) -> Iterator[Callable[..., Model]]:
     loaded: list[Model] = []
 
     def _load(name: str, settings: Settings | None = None, gpu_count: int = 0) -> Model:
-        model = load_model(tmp_path / name, BACKENDS, settings or Settings(), gpu_count)
+        model = load_model(tmp_path / name, BACKENDS, settings or Settings(), gpu_count=gpu_count)
         loaded.append(model)
         return model
 

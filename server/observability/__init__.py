@@ -1,0 +1,1 @@
+"""What the server reports about itself: statistics (and later metrics)."""
