@@ -8,27 +8,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, TypeVar
 
 import numpy as np
 
 from server import __version__
-from server.errors import InferenceServerError, InternalError, Unavailable
+from server.errors import InferenceServerError, InternalError, NotFound, Unavailable
+from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
+from server.observability.statistics import statistics_response
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.protocol.validation import PreparedRequest, validate
 from server.repository.config import parse_json_config
-from server.repository.loader import ModelVersion
+from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
 from server.request_gate import RequestGate
+from server.scheduling.times import ExecutionTimes
 from server.settings import Settings
 
 log = logging.getLogger("server")
 T = TypeVar("T")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters")
+EXTENSIONS = (
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+)
 
 
 def _tensor_metadata(tensor: TensorSpec, batching: bool) -> dict[str, Any]:
@@ -95,19 +106,34 @@ class DataPlane:
         return _required(self._repository.version(name, version).config)
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, run and package one request."""
+        """Validate, run and package one request, and count it in the version's statistics."""
+        start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
-        prepared = validate(request, spec)
-        # Admitted in the same step as the lookup: a reload or unload that closes this
-        # version's gate afterwards waits for this request.
-        with served.gate.admit():
-            results = await self._execute(served, spec, request, prepared)
-        outputs = []
-        for name in prepared.output_names:
-            declared = spec.outputs[name]
-            data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
-            outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
+        try:
+            prepared = validate(request, spec)
+            prepared_at = time.perf_counter_ns()
+            times = ExecutionTimes()
+            # Admitted in the same step as the lookup: a reload or unload that closes this
+            # version's gate afterwards waits for this request.
+            with served.gate.admit():
+                results = await self._execute(served, spec, request, prepared, times)
+            executed_at = time.perf_counter_ns()
+            outputs = []
+            for name in prepared.output_names:
+                declared = spec.outputs[name]
+                data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
+                outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
+        except Exception:
+            served.stats.record_failure(time.perf_counter_ns() - start)
+            raise
+        done = time.perf_counter_ns()
+        input_ns, output_ns = prepared_at - start, done - executed_at
+        served.stats.record_success(
+            done - start, times.queue_ns, input_ns, times.compute_ns, output_ns,
+            prepared.batch_size,
+        )
+        served.stats.record_execution(prepared.batch_size, input_ns, times.compute_ns, output_ns)
         return InferResponse(
             model_name=spec.name,
             model_version=str(served.version),
@@ -121,10 +147,11 @@ class DataPlane:
         spec: ModelSpec,
         request: InferRequest,
         prepared: PreparedRequest,
+        times: ExecutionTimes,
     ) -> dict[str, np.ndarray]:
         scheduler = _required(served.scheduler)
         try:
-            return await scheduler.execute(prepared.inputs, prepared.output_names)
+            return await scheduler.execute(prepared.inputs, prepared.output_names, times)
         except asyncio.CancelledError:
             log.debug("request id %r to model '%s' cancelled by its client", request.id, spec.name)
             raise
@@ -152,6 +179,26 @@ class DataPlane:
     async def unload_model(self, name: str) -> None:
         self._require_explicit_mode()
         await self._repository.unload(name)
+
+    # --- statistics extension -----------------------------------------------------------------
+
+    def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+        """Cumulative statistics: every loaded version of every model ("" name), of one model,
+        or of one version."""
+        if not name:
+            models = sorted(self._repository.models.items())
+        else:
+            models = [(name, self._repository.model(name))]
+        entries = []
+        for model_name, model in models:
+            for number, served in sorted(model.versions.items()):
+                if version and str(number) != version:
+                    continue
+                if served.state is State.READY or version:
+                    entries.append((model_name, str(number), served.stats))
+        if version and not entries:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return statistics_response(entries)
 
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":

@@ -15,9 +15,16 @@ from typing import Any, TypeVar
 import grpc
 
 from server.dataplane import DataPlane
-from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
+from server.errors import (
+    InferenceServerError,
+    InternalError,
+    InvalidArgument,
+    Unsupported,
+    to_server_error,
+)
 from server.generated import grpc_service_pb2 as pb
 from server.protocol import grpc_codec
+from server.repository.overrides import FILE_PREFIX
 from server.threads import run_in_thread
 
 log = logging.getLogger("server.grpc")
@@ -198,14 +205,48 @@ class InferenceServicer:
             for task in list(running):
                 task.cancel()
 
-    ModelStatistics = _not_yet("ModelStatistics", "statistics extension: observability issue")
-    RepositoryIndex = _not_yet("RepositoryIndex", "model repository extension: lifecycle issue")
-    RepositoryModelLoad = _not_yet(
-        "RepositoryModelLoad", "model repository extension: lifecycle issue"
-    )
-    RepositoryModelUnload = _not_yet(
-        "RepositoryModelUnload", "model repository extension: lifecycle issue"
-    )
+    @_unary
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        return self._dataplane.statistics(request.name, request.version)
+
+    @_unary
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Context
+    ) -> pb.RepositoryIndexResponse:
+        entries = self._dataplane.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
+        )
+
+    @_unary
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, param in request.parameters.items():
+            kind = param.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise InvalidArgument("Unable to parse 'config': expected a string parameter")
+                config = param.string_param
+            elif key.startswith(FILE_PREFIX):
+                if kind != "bytes_param":
+                    raise InvalidArgument(
+                        f"Unable to parse '{key[:200]}': expected a bytes parameter"
+                    )
+                files[key] = param.bytes_param
+        await self._dataplane.load_model(request.model_name, config, files)
+        return pb.RepositoryModelLoadResponse()
+
+    @_unary
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self._dataplane.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
     SystemSharedMemoryStatus = _not_yet("SystemSharedMemoryStatus", "shared memory issue")
     SystemSharedMemoryRegister = _not_yet("SystemSharedMemoryRegister", "shared memory issue")
     SystemSharedMemoryUnregister = _not_yet("SystemSharedMemoryUnregister", "shared memory issue")

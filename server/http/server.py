@@ -15,6 +15,11 @@ from server.http.metadata import (
     ReadyHandler,
     ServerMetadataHandler,
 )
+from server.http.repository import (
+    RepositoryIndexHandler,
+    RepositoryLoadHandler,
+    StatisticsHandler,
+)
 from server.memory.host_pool import HostBufferPool
 from server.settings import Settings
 
@@ -29,6 +34,10 @@ def make_app(dataplane: DataPlane, settings: Settings, pool: HostBufferPool) -> 
             (r"/v2/health/live", LiveHandler, common),
             (r"/v2/health/ready", ReadyHandler, common),
             (r"/v2", ServerMetadataHandler, common),
+            (r"/v2/repository(?:/[^/]+)?/index", RepositoryIndexHandler, common),
+            (r"/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)", RepositoryLoadHandler, common),
+            (r"/v2/models/stats", StatisticsHandler, common),
+            (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),
             (_MODEL + r"/config", ModelConfigHandler, common),
             (_MODEL + r"/infer", InferHandler, {**common, "pool": pool}),

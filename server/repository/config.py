@@ -8,12 +8,13 @@ way Triton's model configuration extension does (triton-facts §3.5).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from google.protobuf import descriptor, json_format, text_format
+from google.protobuf import json_format, text_format
 
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.protocol.proto_json import message_to_json
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILE = "config.pbtxt"
@@ -22,13 +23,6 @@ CONFIG_FILE = "config.pbtxt"
 _INT64_AS_STRING = {
     ("inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape", "dim"),
     ("inference.ModelInstanceGroup.SecondaryDevice", "device_id"),
-}
-_INT64_TYPES = {
-    descriptor.FieldDescriptor.TYPE_INT64,
-    descriptor.FieldDescriptor.TYPE_UINT64,
-    descriptor.FieldDescriptor.TYPE_SINT64,
-    descriptor.FieldDescriptor.TYPE_FIXED64,
-    descriptor.FieldDescriptor.TYPE_SFIXED64,
 }
 
 
@@ -56,40 +50,9 @@ def parse_json_config(text: str) -> ModelConfig:
 
 
 def to_json(config: ModelConfig) -> dict[str, Any]:
-    """The config as Triton's config endpoint prints it: every primitive, int64s as numbers."""
-    data: dict[str, Any] = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
-    _int64_to_numbers(cast(descriptor.Descriptor, config.DESCRIPTOR), data)
-    return data
-
-
-def _int64_to_numbers(desc: descriptor.Descriptor, data: dict[str, Any]) -> None:
-    for field in desc.fields:
-        if field.name not in data:
-            continue
-        value = data[field.name]
-        if field.message_type is not None:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.message_type is not None:
-                    for item in value.values():
-                        _int64_to_numbers(value_field.message_type, item)
-                elif value_field.type in _INT64_TYPES:
-                    for key in value:
-                        value[key] = int(value[key])
-            elif field.is_repeated:
-                for item in value:
-                    _int64_to_numbers(field.message_type, item)
-            else:
-                _int64_to_numbers(field.message_type, value)
-        elif field.type in _INT64_TYPES and (desc.full_name, field.name) not in _INT64_AS_STRING:
-            if field.is_repeated:
-                data[field.name] = [int(v) for v in value]
-            else:
-                data[field.name] = int(value)
+    """The config as Triton's config endpoint prints it: every primitive, int64s as numbers
+    (except the two fields Triton leaves as strings)."""
+    return message_to_json(config, _INT64_AS_STRING)
 
 
 def normalize(config: ModelConfig, gpu_count: int) -> None:

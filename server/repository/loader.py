@@ -14,6 +14,7 @@ from pathlib import Path
 from backends.base import Backend, ModelInstance, Placement
 from server.errors import InferenceServerError, ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
 from server.repository.autocomplete import autocomplete, is_complete
@@ -48,6 +49,7 @@ class ModelVersion:
     scheduler: DirectScheduler | None = None
     #: admits requests to this version; closed when it is unloaded or replaced
     gate: RequestGate = field(default_factory=RequestGate)
+    stats: ModelStats = field(default_factory=ModelStats)
 
 
 @dataclass

@@ -7,12 +7,14 @@ execution happens), and hands it back, so every instance serves and none is used
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from backends.base import ModelInstance
 from server.scheduling.runner import InstanceRunner
+from server.scheduling.times import ExecutionTimes
 
 
 class DirectScheduler:
@@ -33,15 +35,24 @@ class DirectScheduler:
         return self._free
 
     async def execute(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        times: ExecutionTimes | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run one request on a free instance and return its outputs."""
+        """Run one request on a free instance and return its outputs; ``times`` receives
+        how long it waited for the instance and how long it ran."""
         free = self._free_queue()
+        queued = time.perf_counter_ns()
         runner = await free.get()
+        started = time.perf_counter_ns()
         try:
             return await runner.run(inputs, output_names)
         finally:
             free.put_nowait(runner)
+            if times is not None:
+                times.queue_ns = started - queued
+                times.compute_ns = time.perf_counter_ns() - started
 
     def close(self) -> None:
         """Stop the worker threads and release the instances."""

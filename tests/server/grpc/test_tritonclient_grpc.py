@@ -813,11 +813,6 @@ def test_unknown_datatype_name_is_invalid_argument(
 @pytest.mark.parametrize(
     "rpc, call",
     [
-        ("ModelStatistics", lambda c: c.get_inference_statistics()),
-        ("ModelStatistics", lambda c: c.get_inference_statistics("simple")),
-        ("RepositoryModelLoad", lambda c: c.load_model("simple")),
-        ("RepositoryModelUnload", lambda c: c.unload_model("simple")),
-        ("RepositoryIndex", lambda c: c.get_model_repository_index()),
         ("SystemSharedMemoryStatus", lambda c: c.get_system_shared_memory_status()),
         ("SystemSharedMemoryRegister", lambda c: c.register_system_shared_memory("r", "/k", 8)),
         ("SystemSharedMemoryUnregister", lambda c: c.unregister_system_shared_memory()),
