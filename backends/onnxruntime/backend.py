@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +42,9 @@ _ORT_TYPES = {
     "tensor(bfloat16)": "BF16",
     "tensor(string)": "BYTES",
 }
+# Models load on several threads at once; ONNX Runtime session creation is done one at a time
+# (it holds the GIL for most of it anyway, and concurrent creation has had thread-safety bugs).
+_SESSION_CREATION = threading.Lock()
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16; onnx itself is not a runtime dependency
 _GRAPH_LEVELS = {
@@ -101,9 +105,10 @@ class OnnxRuntimeBackend(Backend):
         self, model_path: Path, options: ort.SessionOptions, model: str
     ) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(
-                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-            )
+            with _SESSION_CREATION:
+                return ort.InferenceSession(
+                    str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+                )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
             raise ModelLoadError(f"unable to load model '{model}': {exc}") from exc
 
