@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
-from server.errors import InvalidArgument, ModelLoadError, NotFound
+from server.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.repository.loader import Model, ModelVersion, State, load_model
 from server.repository.overrides import OverrideFolder, check_model_name
@@ -117,10 +117,14 @@ class ModelRepository:
         if not version:
             ready = model.ready_versions()
             if not ready:
+                if any(v.state is State.UNLOADING for v in model.versions.values()):
+                    raise Unavailable(f"model '{name}' is being unloaded")
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
             return model.versions[ready[-1]]
         number = parse_version(version)
         found = model.versions.get(number) if number is not None else None
+        if found is not None and found.state is State.UNLOADING:
+            raise Unavailable(f"model '{name}' version {version} is being unloaded")
         if found is None or found.state is not State.READY:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return found
@@ -128,7 +132,7 @@ class ModelRepository:
     def is_ready(self, name: str, version: str) -> bool:
         try:
             return self.version(name, version).state is State.READY
-        except (InvalidArgument, NotFound):
+        except (InvalidArgument, NotFound, Unavailable):
             return False
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
