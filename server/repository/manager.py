@@ -100,8 +100,9 @@ class ModelRepository:
         ]
 
     def all_ready(self) -> bool:
-        """Every model that should be loaded is READY (and none is still loading)."""
-        return not (self._loading & self._wanted) and all(
+        """Every model that should be loaded is READY. A model reloading keeps its serving
+        versions meanwhile, so it stays ready; one loading for the first time is not yet."""
+        return all(
             name in self._loaded and self._loaded[name].model.ready for name in self._wanted
         )
 
@@ -274,15 +275,15 @@ class ModelRepository:
         folders = self._folders(strict=False)
         for name, path in folders.items():
             loaded = self._loaded.get(name)
-            if loaded is not None and loaded.override is None:
+            if name not in self._wanted:  # new, or back after it was removed
+                log.info("new model '%s': loading", name)
+            elif loaded is not None and loaded.override is None:
                 changed = await asyncio.to_thread(fingerprint, path) != loaded.fingerprint
                 if not changed:
                     continue
                 log.info("model '%s' changed: reloading", name)
-            elif name in self._wanted:
-                continue
             else:
-                log.info("new model '%s': loading", name)
+                continue
             await self._load(name, path, strict=True)
         for name in list(self._wanted):
             if name not in folders:
