@@ -60,6 +60,21 @@ class Sample:
         ordered = sorted(self.latencies)
         return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1e3
 
+    def figures(self, payload_bytes: int) -> dict[str, Any]:
+        """The figures of this sample for ``--json`` output (MB = 10^6 bytes each way)."""
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "per_s": self.rate,
+            "mb_per_s": self.rate * payload_bytes / 1e6,
+            "p50_ms": self.percentile_ms(0.5),
+            "p99_ms": self.percentile_ms(0.99),
+            "server_cpu_us": None
+            if self.server_cpu is None or not self.requests
+            else self.server_cpu / self.requests * 1e6,
+            "client_cpu_us": self.client_cpu / self.requests * 1e6 if self.requests else None,
+        }
+
 
 class Framing(Protocol):
     """How the load generator knows where a response ends and whether it succeeded."""

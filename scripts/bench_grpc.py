@@ -575,20 +575,6 @@ def report(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -
 
 
 def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    def figures(sample: Sample, workload: Workload) -> dict[str, Any]:
-        return {
-            "requests": sample.requests,
-            "errors": sample.errors,
-            "per_s": sample.rate,
-            "mb_per_s": sample.rate * workload.payload_bytes / _MB,
-            "p50_ms": sample.percentile_ms(0.5),
-            "p99_ms": sample.percentile_ms(0.99),
-            "server_cpu_us": None
-            if sample.server_cpu is None or not sample.requests
-            else sample.server_cpu / sample.requests * 1e6,
-            "client_cpu_us": sample.client_cpu / sample.requests * 1e6 if sample.requests else None,
-        }
-
     return {
         "machine": facts,
         "thread_pinning": PINNED_THREADS,
@@ -600,20 +586,20 @@ def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) 
                 "workload": cell.workload.label,
                 "concurrency": cell.concurrency,
                 "http": {
-                    **figures(cell.http, cell.workload),
+                    **cell.http.figures(cell.workload.payload_bytes),
                     "request_bytes": cell.http_request_bytes,
                     "response_bytes": len(cell.http.first_response),
                     "problems": cell.http_problems,
                 },
                 "grpc": {
-                    **figures(cell.grpc, cell.workload),
+                    **cell.grpc.figures(cell.workload.payload_bytes),
                     "request_bytes": cell.grpc_request_bytes,
                     "response_bytes": len(cell.grpc.first_response),
                     "problems": cell.grpc_problems,
                 },
                 "grpc_over_http": cell.grpc.rate / cell.http.rate if cell.http.rate else None,
-                "ort": figures(cell.ort, cell.workload),
-                "grpc_echo": None if cell.echo is None else figures(cell.echo, cell.workload),
+                "ort": cell.ort.figures(cell.workload.payload_bytes),
+                "grpc_echo": None if cell.echo is None else cell.echo.figures(cell.workload.payload_bytes),
             }
             for cell in cells
         ],

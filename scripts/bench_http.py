@@ -479,20 +479,6 @@ def report(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -
 
 
 def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    def figures(sample: Sample, workload: Workload) -> dict[str, Any]:
-        return {
-            "requests": sample.requests,
-            "errors": sample.errors,
-            "per_s": sample.rate,
-            "mb_per_s": sample.rate * workload.payload_bytes / _MB,
-            "p50_ms": sample.percentile_ms(0.5),
-            "p99_ms": sample.percentile_ms(0.99),
-            "server_cpu_us": None
-            if sample.server_cpu is None or not sample.requests
-            else sample.server_cpu / sample.requests * 1e6,
-            "client_cpu_us": sample.client_cpu / sample.requests * 1e6 if sample.requests else None,
-        }
-
     return {
         "machine": facts,
         "thread_pinning": PINNED_THREADS,
@@ -506,9 +492,9 @@ def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) 
                 "request_bytes": cell.request_bytes,
                 "response_bytes": len(cell.server.first_response),
                 "problems": cell.problems,
-                "tensorgate": figures(cell.server, cell.workload),
-                "ort": figures(cell.ort, cell.workload),
-                "echo": None if cell.echo is None else figures(cell.echo, cell.workload),
+                "tensorgate": cell.server.figures(cell.workload.payload_bytes),
+                "ort": cell.ort.figures(cell.workload.payload_bytes),
+                "echo": None if cell.echo is None else cell.echo.figures(cell.workload.payload_bytes),
             }
             for cell in cells
         ],

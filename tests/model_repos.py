@@ -40,11 +40,11 @@ def build_datatype_repository(root: Path) -> Path:
     make_models.save(
         make_models.identity("BYTES", ["batch", 1]), root / "bytes_one" / "1" / "model.onnx"
     )
-    make_models.save(_reshape_to_rows_of_three(), root / "rows_of_three" / "1" / "model.onnx")
+    make_models.save(rows_of_three_model(), root / "rows_of_three" / "1" / "model.onnx")
     return root
 
 
-def _reshape_to_rows_of_three() -> onnx.ModelProto:
+def rows_of_three_model() -> onnx.ModelProto:
     """FP32 [batch, -1] -> [-1, 3]: fails inside ONNX Runtime when the element count is not a
     multiple of 3 (a model fault the server must answer with 500 and survive)."""
     graph = helper.make_graph(

@@ -13,16 +13,15 @@ from typing import Any
 
 import grpc
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
 from google.protobuf import json_format
-from onnx import TensorProto, helper, numpy_helper
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from scripts import make_models
+from tests.model_repos import rows_of_three_model
 from tests.server_process import ServerProcess, start_server
 
 DURATIONS = (
@@ -53,25 +52,12 @@ SUCCESS_BATCHES = (1, 2, 3, 1, 4)
 FAILURE_SHAPES = ((1, 2), (2, 2), (1, 4))
 
 
-def _rows_of_three() -> onnx.ModelProto:
-    """FP32 [batch, n] reshaped to [-1, 3]: runs when n == 3, fails inside ONNX Runtime when
-    the element count is not a multiple of 3 (a request that fails after it was accepted)."""
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["INPUT0", "shape"], ["OUTPUT0"])],
-        "rows_of_three",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["rows", 3])],
-        [numpy_helper.from_array(np.array([-1, 3], dtype=np.int64), "shape")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
-    model.ir_version = make_models.IR_VERSION
-    return model
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stats_repo")
-    make_models.save(_rows_of_three(), root / "counted" / "1" / "model.onnx")
+    make_models.save(rows_of_three_model(), root / "counted" / "1" / "model.onnx")
     make_models.write_text("max_batch_size: 8\n", root / "counted" / "config.pbtxt")
     identity = make_models.identity("FP32", ["batch", 4])
     make_models.save(identity, root / "ident" / "1" / "model.onnx")
