@@ -20,12 +20,12 @@ from server.generated import model_config_pb2 as mc
 from server.observability.statistics import statistics_response
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
-from server.protocol.validation import PreparedRequest, validate
+from server.protocol.validation import validate
 from server.repository.config import parse_json_config
 from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
 from server.request_gate import RequestGate
-from server.scheduling.times import ExecutionTimes
+from server.scheduling.job import Job
 from server.settings import Settings
 
 log = logging.getLogger("server")
@@ -37,6 +37,7 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",
     "model_configuration",
     "binary_tensor_data",
+    "schedule_policy",
     "parameters",
     "statistics",
 )
@@ -113,11 +114,17 @@ class DataPlane:
         try:
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
-            times = ExecutionTimes()
+            job = Job(
+                prepared.inputs,
+                prepared.output_names,
+                rows=prepared.batch_size,
+                priority=request.parameters.get("priority", 0),
+                timeout_us=request.parameters.get("timeout"),
+            )
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.
             with served.gate.admit():
-                results = await self._execute(served, spec, request, prepared, times)
+                results = await self._execute(served, spec, request, job)
             executed_at = time.perf_counter_ns()
             outputs = []
             for name in prepared.output_names:
@@ -128,12 +135,15 @@ class DataPlane:
             served.stats.record_failure(time.perf_counter_ns() - start)
             raise
         done = time.perf_counter_ns()
-        input_ns, output_ns = prepared_at - start, done - executed_at
+        # Executions (batches) are counted by the scheduler; this counts the request.
         served.stats.record_success(
-            done - start, times.queue_ns, input_ns, times.compute_ns, output_ns,
+            done - start,
+            job.times.queue_ns,
+            prepared_at - start,
+            job.times.compute_ns,
+            done - executed_at,
             prepared.batch_size,
         )
-        served.stats.record_execution(prepared.batch_size, input_ns, times.compute_ns, output_ns)
         return InferResponse(
             model_name=spec.name,
             model_version=str(served.version),
@@ -146,12 +156,11 @@ class DataPlane:
         served: ModelVersion,
         spec: ModelSpec,
         request: InferRequest,
-        prepared: PreparedRequest,
-        times: ExecutionTimes,
+        job: Job,
     ) -> dict[str, np.ndarray]:
         scheduler = _required(served.scheduler)
         try:
-            return await scheduler.execute(prepared.inputs, prepared.output_names, times)
+            return await scheduler.execute(job)
         except asyncio.CancelledError:
             log.debug("request id %r to model '%s' cancelled by its client", request.id, spec.name)
             raise

@@ -20,7 +20,9 @@ from server.repository import config as model_config
 from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.versions import available_versions, select_versions
 from server.request_gate import RequestGate
+from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
 from server.scheduling.direct import DirectScheduler
+from server.scheduling.job import Scheduler
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class ModelVersion:
     reason: str = ""
     config: mc.ModelConfig | None = None
     spec: ModelSpec | None = None
-    scheduler: DirectScheduler | None = None
+    scheduler: Scheduler | None = None
     #: admits requests to this version; closed when it is unloaded or replaced
     gate: RequestGate = field(default_factory=RequestGate)
     stats: ModelStats = field(default_factory=ModelStats)
@@ -200,7 +202,12 @@ def _load_version(
         log.error("failed to load '%s' version %d: %s", config.name, version, exc.message)
         return result
     result.spec = ModelSpec.from_config(config)
-    result.scheduler = DirectScheduler(f"{config.name}-{version}", instances)
+    name = f"{config.name}-{version}"
+    if config.HasField("dynamic_batching") and config.max_batch_size > 0:
+        policy = BatchingPolicy.from_config(config)
+        result.scheduler = DynamicBatcher(name, instances, policy, result.stats)
+    else:
+        result.scheduler = DirectScheduler(name, instances, result.stats)
     result.state = State.READY
     log.info("successfully loaded '%s' version %d", config.name, version)
     return result

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from backends.base import ModelInstance
+from server.observability.statistics import ModelStats
+from server.scheduling.job import Job
 from server.scheduling.runner import InstanceRunner
-from server.scheduling.times import ExecutionTimes
 
 
 class DirectScheduler:
     """Runs requests one by one on whichever of the model's instances is free."""
 
-    def __init__(self, name: str, instances: Sequence[ModelInstance]) -> None:
+    def __init__(
+        self, name: str, instances: Sequence[ModelInstance], stats: ModelStats | None = None
+    ) -> None:
+        self._stats = stats
         self._runners = [
             InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
@@ -34,25 +38,22 @@ class DirectScheduler:
                 self._free.put_nowait(runner)
         return self._free
 
-    async def execute(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: Sequence[str],
-        times: ExecutionTimes | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Run one request on a free instance and return its outputs; ``times`` receives
-        how long it waited for the instance and how long it ran."""
+    async def execute(self, job: Job) -> dict[str, np.ndarray]:
+        """Run one request on a free instance and return its outputs; ``job.times``
+        receives how long it waited for the instance and how long it ran."""
         free = self._free_queue()
         queued = time.perf_counter_ns()
         runner = await free.get()
         started = time.perf_counter_ns()
         try:
-            return await runner.run(inputs, output_names)
+            outputs = await runner.run(job.inputs, job.output_names)
         finally:
             free.put_nowait(runner)
-            if times is not None:
-                times.queue_ns = started - queued
-                times.compute_ns = time.perf_counter_ns() - started
+            job.times.queue_ns = started - queued
+            job.times.compute_ns = time.perf_counter_ns() - started
+        if self._stats is not None:
+            self._stats.record_execution(job.rows, 0, job.times.compute_ns, 0)
+        return outputs
 
     def close(self) -> None:
         """Stop the worker threads and release the instances."""

@@ -13,7 +13,8 @@ from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
 from server.generated import model_config_pb2 as mc
 from server.repository.loader import Model, State, load_model
-from server.scheduling.direct import DirectScheduler
+from server.scheduling.batcher import DynamicBatcher
+from server.scheduling.job import Job, Scheduler
 from server.settings import Settings
 
 BACKENDS = {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
@@ -62,9 +63,10 @@ def _write_config(root: Path, name: str, text: str) -> None:
 
 
 def _run(
-    scheduler: DirectScheduler, inputs: dict[str, np.ndarray], outputs: list[str]
+    scheduler: Scheduler, inputs: dict[str, np.ndarray], outputs: list[str]
 ) -> dict[str, np.ndarray]:
-    return asyncio.run(scheduler.execute(inputs, outputs))
+    rows = next(iter(inputs.values())).shape[0] if inputs else 1
+    return asyncio.run(scheduler.execute(Job(inputs, outputs, rows=rows)))
 
 
 # ---- success --------------------------------------------------------------------------------
@@ -79,7 +81,7 @@ def test_autocompleted_model_is_ready(tmp_path: Path, load: Callable[..., Model]
     version = model.versions[1]
     assert version.state is State.READY
     assert version.reason == ""
-    assert isinstance(version.scheduler, DirectScheduler)
+    assert isinstance(version.scheduler, DynamicBatcher)  # auto-complete adds dynamic_batching
     config = model.config
     assert config is not None and version.config is config
     assert config.name == "ident"

@@ -23,6 +23,7 @@ from server.generated import model_config_pb2 as mc
 from server.repository import manager as manager_module
 from server.repository.loader import State
 from server.repository.manager import ModelRepository
+from server.scheduling.job import Job
 from server.settings import Settings
 
 T = TypeVar("T")
@@ -69,7 +70,7 @@ async def identity_works(repo: ModelRepository, name: str) -> bool:
     served = repo.version(name, "")
     assert served.scheduler is not None
     data = np.arange(8, dtype=np.float32).reshape(2, 4)
-    out = await served.scheduler.execute({"INPUT0": data}, ["OUTPUT0"])
+    out = await served.scheduler.execute(Job({"INPUT0": data}, ["OUTPUT0"], rows=data.shape[0]))
     return bool(np.array_equal(out["OUTPUT0"], data))
 
 

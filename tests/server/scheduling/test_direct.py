@@ -11,6 +11,7 @@ import numpy as np
 
 from backends.base import ModelInstance
 from server.scheduling.direct import DirectScheduler
+from server.scheduling.job import Job
 
 
 class CountingInstance(ModelInstance):
@@ -41,7 +42,7 @@ def test_requests_spread_over_instances_without_overlap() -> None:
 
     async def main() -> list[dict[str, np.ndarray]]:
         return await asyncio.gather(
-            *(scheduler.execute({"x": np.full(4, i)}, ["y"]) for i in range(20))
+            *(scheduler.execute(Job({"x": np.full(4, i)}, ["y"])) for i in range(20))
         )
 
     results = asyncio.run(main())

@@ -1,0 +1,469 @@
+"""Triton's dynamic batcher (triton-facts §4.1), between the protocol layer and the instances.
+
+Requests wait in one queue per priority level (1 is the highest; arrival order within a level).
+Whenever an instance is free, a batch is formed from whole requests taken in order, counted in
+rows (the leading dimension), never split, up to ``max_batch_size``; the walk stops at the first
+request whose non-batch shapes differ from the batch's. With ``max_queue_delay_microseconds``
+0 the pending batch goes at once; otherwise it goes when it reaches the largest preferred size
+it can, or when its oldest request has waited the delay. Queue policies bound each level
+(``max_queue_size``) and time requests out (REJECT fails them, DELAY moves them behind the
+fresh ones). Inputs of a batch are gathered into one reused buffer per input (a batch of one is
+passed through as it is); every request gets views of its own rows of the outputs.
+
+All batching state lives on the event loop; only model execution runs on instance threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.base import ModelInstance
+from server.errors import InternalError, InvalidArgument, Unavailable
+from server.generated import model_config_pb2 as mc
+from server.observability.statistics import ModelStats
+from server.scheduling.job import Job
+from server.scheduling.runner import InstanceRunner
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]  # seconds, monotonic
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """One priority level's policy (ModelQueuePolicy)."""
+
+    max_queue_size: int = 0  # 0 = unbounded
+    timeout_us: int = 0  # 0 = no timeout
+    allow_timeout_override: bool = False
+    delay_on_timeout: bool = False  # timeout_action DELAY (else REJECT)
+
+    @classmethod
+    def from_config(cls, policy: mc.ModelQueuePolicy) -> QueuePolicy:
+        return cls(
+            max_queue_size=policy.max_queue_size,
+            timeout_us=policy.default_timeout_microseconds,
+            allow_timeout_override=policy.allow_timeout_override,
+            delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+        )
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    """The ``dynamic_batching`` settings the batcher works by."""
+
+    max_batch_size: int
+    preferred_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 1
+    default_priority: int = 1
+    policies: dict[int, QueuePolicy] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig) -> BatchingPolicy:
+        batching = config.dynamic_batching
+        levels = max(1, batching.priority_levels)
+        default = batching.default_priority_level
+        default_policy = QueuePolicy.from_config(batching.default_queue_policy)
+        policies = {level: default_policy for level in range(1, levels + 1)}
+        for level, policy in batching.priority_queue_policy.items():
+            policies[int(level)] = QueuePolicy.from_config(policy)
+        return cls(
+            max_batch_size=max(1, config.max_batch_size),
+            preferred_sizes=tuple(sorted(set(batching.preferred_batch_size))),
+            max_queue_delay_us=batching.max_queue_delay_microseconds,
+            preserve_ordering=batching.preserve_ordering,
+            priority_levels=levels,
+            default_priority=default if 1 <= default <= levels else 1,
+            policies=policies,
+        )
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A queued request and what the batcher needs to know of it."""
+
+    job: Job
+    level: int
+    shape_key: tuple[tuple[int, ...], ...]
+    enqueued: float
+    deadline: float | None  # when a queue timeout expires (clock seconds)
+    delay_on_timeout: bool
+    sequence: int
+    result: asyncio.Future[dict[str, np.ndarray]]
+    #: set once the batch that took this request has finished with its inputs
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    dispatched: bool = False
+    #: preserve_ordering: the answer, held until every earlier request has been answered
+    outcome: tuple[dict[str, np.ndarray] | None, BaseException | None] | None = None
+
+
+def _shape_key(job: Job) -> tuple[tuple[int, ...], ...]:
+    """Requests batch together only when every input's non-batch dims are equal."""
+    return tuple(job.inputs[name].shape[1:] for name in sorted(job.inputs))
+
+
+class DynamicBatcher:
+    """Forms batches for one model version and runs them on its instances."""
+
+    def __init__(
+        self,
+        name: str,
+        instances: Sequence[ModelInstance],
+        policy: BatchingPolicy,
+        stats: ModelStats | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._name = name
+        self._policy = policy
+        self._stats = stats
+        self._clock = clock
+        self._runners = [
+            InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
+        ]
+        self._free: list[InstanceRunner] = list(self._runners)
+        self._queues: dict[int, deque[_Pending]] = {
+            level: deque() for level in range(1, policy.priority_levels + 1)
+        }
+        self._delayed: dict[int, deque[_Pending]] = {
+            level: deque() for level in range(1, policy.priority_levels + 1)
+        }
+        self._sequence = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._released_in_order: deque[_Pending] = deque()
+        self._buffers: dict[int, dict[str, np.ndarray]] = {}
+
+    # --- the public side -----------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the queues (not yet in a batch)."""
+        return sum(len(q) for q in self._queues.values()) + sum(
+            len(q) for q in self._delayed.values()
+        )
+
+    async def execute(self, job: Job) -> dict[str, np.ndarray]:
+        """Queue one request, wait for its batch to run, and return its rows of the outputs.
+
+        A caller cancelled while its request waits takes it out of the queue (it never runs);
+        cancelled once its batch has started, it waits until the batch is done with its inputs.
+        """
+        pending = self._enqueue(job)
+        try:
+            return await asyncio.shield(pending.result)
+        except asyncio.CancelledError:
+            if not pending.dispatched:
+                self._remove(pending)
+            else:
+                await pending.released.wait()
+            raise
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for pending in self._all_queued():
+            if not pending.result.done():
+                pending.result.set_exception(Unavailable(f"model '{self._name}' was unloaded"))
+        for runner in self._runners:
+            runner.close()
+
+    # --- queueing --------------------------------------------------------------------------
+
+    def _enqueue(self, job: Job) -> _Pending:
+        policy = self._policy
+        level = job.priority or policy.default_priority
+        if not 1 <= level <= policy.priority_levels:
+            raise InvalidArgument(
+                f"invalid priority {job.priority}: model '{self._name}' has priority levels "
+                f"1 to {policy.priority_levels} (0 for the default)"
+            )
+        queue_policy = policy.policies.get(level, QueuePolicy())
+        queued = len(self._queues[level]) + len(self._delayed[level])
+        if queue_policy.max_queue_size and queued >= queue_policy.max_queue_size:
+            raise Unavailable(
+                f"inference request for model '{self._name}' was rejected: Exceeds maximum "
+                "queue size"
+            )
+        timeout_us = queue_policy.timeout_us
+        # With the override allowed, the request's timeout may only shorten the policy's.
+        if (
+            job.timeout_us
+            and queue_policy.allow_timeout_override
+            and (not timeout_us or job.timeout_us < timeout_us)
+        ):
+            timeout_us = job.timeout_us
+        now = self._clock()
+        pending = _Pending(
+            job=job,
+            level=level,
+            shape_key=_shape_key(job),
+            enqueued=now,
+            deadline=now + timeout_us / 1e6 if timeout_us else None,
+            delay_on_timeout=queue_policy.delay_on_timeout,
+            sequence=next(self._sequence),
+            result=asyncio.get_running_loop().create_future(),
+        )
+        job.times.queue_ns = time.perf_counter_ns()  # start; turned into a duration on dispatch
+        self._queues[level].append(pending)
+        if self._policy.preserve_ordering:
+            self._released_in_order.append(pending)
+        self._start()
+        self._notify()
+        return pending
+
+    def _remove(self, pending: _Pending) -> None:
+        for queues in (self._queues, self._delayed):
+            try:
+                queues[pending.level].remove(pending)
+            except ValueError:
+                continue
+        if pending in self._released_in_order:
+            self._released_in_order.remove(pending)
+            self._release_in_order()
+
+    def _all_queued(self) -> list[_Pending]:
+        return [p for q in (*self._queues.values(), *self._delayed.values()) for p in q]
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self._name}")
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- batch formation -------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            wait_s = self._dispatch_ready()
+            if wait_s is None:
+                await self._wake.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                except TimeoutError:
+                    pass
+
+    def _dispatch_ready(self) -> float | None:
+        """Send every batch that is ready to free instances; how long until the next one
+        may be (None: only a new request or a free instance can change that)."""
+        while True:
+            now = self._clock()
+            next_wait = self._expire(now)
+            if not self._free:
+                return next_wait
+            batch, wait = self._form(now)
+            if batch is None:
+                return _earliest(next_wait, wait)
+            self._dispatch(batch)
+
+    def _expire(self, now: float) -> float | None:
+        """Apply queue timeouts; the time until the next one."""
+        nearest: float | None = None
+        for level, queue in self._queues.items():
+            for pending in list(queue):
+                if pending.deadline is None:
+                    continue
+                if pending.deadline <= now:
+                    queue.remove(pending)
+                    if pending.delay_on_timeout:
+                        pending.deadline = None
+                        self._delayed[level].append(pending)
+                    else:
+                        self._fail(pending, Unavailable("Request timeout expired"))
+                else:
+                    nearest = _earliest(nearest, pending.deadline - now)
+        return nearest
+
+    def _candidates(self) -> list[_Pending]:
+        """Queued requests in the order batches take them: by priority level, fresh requests
+        before delayed ones, arrival order within each."""
+        order: list[_Pending] = []
+        for level in sorted(self._queues):
+            order.extend(self._queues[level])
+            order.extend(self._delayed[level])
+        return order
+
+    def _form(self, now: float) -> tuple[list[_Pending] | None, float | None]:
+        """The batch to send now, or None and how long until the oldest request's delay ends."""
+        candidates = self._candidates()
+        if not candidates:
+            return None, None
+        policy = self._policy
+        batch: list[_Pending] = []
+        rows = 0
+        best_preferred = 0  # length of ``batch`` at the largest preferred size reached
+        for pending in candidates:
+            if batch and pending.shape_key != batch[0].shape_key:
+                break
+            if rows + pending.job.rows > policy.max_batch_size:
+                break
+            batch.append(pending)
+            rows += pending.job.rows
+            if rows in policy.preferred_sizes:
+                best_preferred = len(batch)
+        if policy.max_queue_delay_us == 0:
+            return batch, None  # no waiting: whatever is pending goes now
+        if best_preferred:
+            return batch[:best_preferred], None  # the largest preferred size reachable
+        if rows >= policy.max_batch_size or len(batch) < len(candidates):
+            return batch, None  # it cannot grow any more
+        waited = now - batch[0].enqueued
+        delay = policy.max_queue_delay_us / 1e6
+        if waited >= delay:
+            return batch, None
+        return None, delay - waited
+
+    # --- execution -------------------------------------------------------------------------
+
+    def _dispatch(self, batch: list[_Pending]) -> None:
+        runner = self._free.pop()
+        started = time.perf_counter_ns()
+        for pending in batch:
+            queue = self._queues[pending.level]
+            (queue if pending in queue else self._delayed[pending.level]).remove(pending)
+            pending.dispatched = True
+            pending.job.times.queue_ns = started - pending.job.times.queue_ns
+        asyncio.create_task(self._run(runner, batch, started))
+
+    async def _run(self, runner: InstanceRunner, batch: list[_Pending], started: int) -> None:
+        rows = sum(p.job.rows for p in batch)
+        try:
+            inputs = batch[0].job.inputs if len(batch) == 1 else self._gather(runner, batch)
+            names = _union_outputs(batch)
+            outputs = _unaliased(await runner.run(inputs, names), inputs, len(batch) > 1)
+            computed = time.perf_counter_ns() - started
+            self._scatter(batch, outputs, rows, computed)
+            if self._stats is not None:
+                self._stats.record_execution(rows, 0, computed, 0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a model fault fails every request of the batch
+            for pending in batch:
+                self._fail(pending, exc)
+        finally:
+            for pending in batch:
+                pending.released.set()
+            self._free.append(runner)
+            self._notify()
+
+    def _gather(self, runner: InstanceRunner, batch: list[_Pending]) -> dict[str, np.ndarray]:
+        """Concatenate the batch's inputs along rows into this instance's reused buffers."""
+        buffers = self._buffers.setdefault(id(runner), {})
+        rows = sum(p.job.rows for p in batch)
+        gathered: dict[str, np.ndarray] = {}
+        for name, first in batch[0].job.inputs.items():
+            shape = (rows, *first.shape[1:])
+            buffer = buffers.get(name)
+            if (
+                buffer is None
+                or buffer.dtype != first.dtype
+                or buffer.shape[1:] != first.shape[1:]
+                or buffer.shape[0] < rows
+            ):
+                capacity = max(rows, self._policy.max_batch_size)
+                buffer = np.empty((capacity, *first.shape[1:]), dtype=first.dtype)
+                buffers[name] = buffer
+            out = buffer[:rows]
+            np.concatenate([p.job.inputs[name] for p in batch], axis=0, out=out)
+            gathered[name] = out.reshape(shape)
+        return gathered
+
+    def _scatter(
+        self,
+        batch: list[_Pending],
+        outputs: dict[str, np.ndarray],
+        rows: int,
+        computed_ns: int,
+    ) -> None:
+        if len(batch) == 1:  # a batch of one gets the outputs as the model made them
+            batch[0].job.times.compute_ns = computed_ns
+            self._succeed(batch[0], outputs)
+            return
+        for name, value in outputs.items():
+            if value.ndim == 0 or value.shape[0] != rows:
+                raise InternalError(
+                    f"model '{self._name}' returned output '{name}' with "
+                    f"{value.shape[0] if value.ndim else 0} rows for a batch of {rows}"
+                )
+        offset = 0
+        for pending in batch:
+            count = pending.job.rows
+            pending.job.times.compute_ns = computed_ns
+            own = {
+                name: outputs[name][offset : offset + count] for name in pending.job.output_names
+            }
+            offset += count
+            self._succeed(pending, own)
+
+    def _succeed(self, pending: _Pending, outputs: dict[str, np.ndarray]) -> None:
+        if self._policy.preserve_ordering:
+            pending.outcome = (outputs, None)
+            self._release_in_order()
+        elif not pending.result.done():
+            pending.result.set_result(outputs)
+
+    def _fail(self, pending: _Pending, error: BaseException) -> None:
+        if self._policy.preserve_ordering and pending in self._released_in_order:
+            pending.outcome = (None, error)
+            self._release_in_order()
+        elif not pending.result.done():
+            pending.result.set_exception(error)
+
+    def _release_in_order(self) -> None:
+        """preserve_ordering: answers go out in arrival order."""
+        while self._released_in_order and self._released_in_order[0].outcome is not None:
+            pending = self._released_in_order.popleft()
+            assert pending.outcome is not None
+            outputs, error = pending.outcome
+            if pending.result.done():
+                continue
+            if error is not None or outputs is None:
+                pending.result.set_exception(error or InternalError("no outputs"))
+            else:
+                pending.result.set_result(outputs)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _unaliased(
+    outputs: dict[str, np.ndarray], inputs: dict[str, np.ndarray] | object, gathered: bool
+) -> dict[str, np.ndarray]:
+    """Copy any output that shares memory with a gathered input buffer: that buffer is reused
+    by the instance's next batch while these answers may still be being written."""
+    if not gathered or not isinstance(inputs, dict):
+        return outputs
+    buffers = list(inputs.values())
+    return {
+        name: value.copy() if any(np.may_share_memory(value, b) for b in buffers) else value
+        for name, value in outputs.items()
+    }
+
+
+def _union_outputs(batch: list[_Pending]) -> list[str]:
+    names: list[str] = []
+    for pending in batch:
+        for name in pending.job.output_names:
+            if name not in names:
+                names.append(name)
+    return names

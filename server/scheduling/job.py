@@ -1,0 +1,34 @@
+"""What a scheduler is asked to run: one validated request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from server.scheduling.times import ExecutionTimes
+
+
+@dataclass
+class Job:
+    """One request's backend-shaped inputs, the outputs it wants, its row count (the leading
+    dimension; 1 for models without batching) and its scheduling parameters."""
+
+    inputs: Mapping[str, np.ndarray]
+    output_names: Sequence[str]
+    rows: int = 1
+    priority: int = 0  # 0 = the model's default level
+    timeout_us: int | None = None  # the request's own queue timeout, if any
+    times: ExecutionTimes = field(default_factory=ExecutionTimes)
+
+
+class Scheduler(Protocol):
+    """What the data plane runs jobs through: the direct scheduler or the dynamic batcher."""
+
+    async def execute(self, job: Job) -> dict[str, np.ndarray]:
+        """Run the job (maybe batched with others) and return its outputs."""
+
+    def close(self) -> None:
+        """Stop the instances' worker threads and release the instances."""
