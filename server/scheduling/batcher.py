@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,7 +95,8 @@ class _Pending:
     job: Job
     level: int
     shape_key: tuple[tuple[int, ...], ...]
-    enqueued: float
+    enqueued: float  # clock seconds, for the queue delay
+    enqueued_ns: int  # perf counter, for the statistics
     deadline: float | None  # when a queue timeout expires (clock seconds)
     delay_on_timeout: bool
     sequence: int
@@ -142,6 +143,7 @@ class DynamicBatcher:
         self._task: asyncio.Task[None] | None = None
         self._released_in_order: deque[_Pending] = deque()
         self._buffers: dict[int, dict[str, np.ndarray]] = {}
+        self._running: set[asyncio.Task[None]] = set()
 
     # --- the public side -----------------------------------------------------------------
 
@@ -208,12 +210,12 @@ class DynamicBatcher:
             level=level,
             shape_key=_shape_key(job),
             enqueued=now,
+            enqueued_ns=time.perf_counter_ns(),
             deadline=now + timeout_us / 1e6 if timeout_us else None,
             delay_on_timeout=queue_policy.delay_on_timeout,
             sequence=next(self._sequence),
             result=asyncio.get_running_loop().create_future(),
         )
-        job.times.queue_ns = time.perf_counter_ns()  # start; turned into a duration on dispatch
         self._queues[level].append(pending)
         if self._policy.preserve_ordering:
             self._released_in_order.append(pending)
@@ -337,8 +339,10 @@ class DynamicBatcher:
             queue = self._queues[pending.level]
             (queue if pending in queue else self._delayed[pending.level]).remove(pending)
             pending.dispatched = True
-            pending.job.times.queue_ns = started - pending.job.times.queue_ns
-        asyncio.create_task(self._run(runner, batch, started))
+            pending.job.times.queue_ns = started - pending.enqueued_ns
+        task = asyncio.create_task(self._run(runner, batch, started))
+        self._running.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._running.discard)
 
     async def _run(self, runner: InstanceRunner, batch: list[_Pending], started: int) -> None:
         rows = sum(p.job.rows for p in batch)
@@ -447,11 +451,11 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 def _unaliased(
-    outputs: dict[str, np.ndarray], inputs: dict[str, np.ndarray] | object, gathered: bool
+    outputs: dict[str, np.ndarray], inputs: Mapping[str, np.ndarray], gathered: bool
 ) -> dict[str, np.ndarray]:
     """Copy any output that shares memory with a gathered input buffer: that buffer is reused
     by the instance's next batch while these answers may still be being written."""
-    if not gathered or not isinstance(inputs, dict):
+    if not gathered:
         return outputs
     buffers = list(inputs.values())
     return {
