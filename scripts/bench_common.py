@@ -19,7 +19,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -266,13 +266,18 @@ def measure(
     max_requests: int,
     response_capacity: int,
     server_pid: int | None,
+    before_timed: Callable[[], object] | None = None,
 ) -> Sample:
     """First one request alone (its response is the one to verify), then a short warm-up, then
-    the timed run; the returned sample carries that first response."""
+    the timed run; the returned sample carries that first response. ``before_timed`` is called
+    once the warm-up's requests are all answered, just before the timed run starts (to read
+    server counters that the timed run alone should move)."""
     generator = LoadGenerator(address, request, framing, concurrency, response_capacity)
     try:
         first = generator.run(seconds, 1)
         generator.run(min(0.5, seconds / 5), max_requests)
+        if before_timed is not None:
+            before_timed()
         sample = generator.run(seconds, max_requests, server_pid)
     finally:
         generator.close()
