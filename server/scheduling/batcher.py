@@ -183,12 +183,10 @@ class DynamicBatcher:
 
     def _enqueue(self, job: Job) -> _Pending:
         policy = self._policy
-        level = job.priority or policy.default_priority
-        if not 1 <= level <= policy.priority_levels:
-            raise InvalidArgument(
-                f"invalid priority {job.priority}: model '{self._name}' has priority levels "
-                f"1 to {policy.priority_levels} (0 for the default)"
-            )
+        # 0, or a level the model does not have, means the default level (as Triton).
+        level = job.priority if 1 <= job.priority <= policy.priority_levels else (
+            policy.default_priority
+        )
         queue_policy = policy.policies.get(level, QueuePolicy())
         queued = len(self._queues[level]) + len(self._delayed[level])
         if queue_policy.max_queue_size and queued >= queue_policy.max_queue_size:
@@ -301,32 +299,50 @@ class DynamicBatcher:
         return order
 
     def _form(self, now: float) -> tuple[list[_Pending] | None, float | None]:
-        """The batch to send now, or None and how long until the oldest request's delay ends."""
+        """The batch to send now, or None and how long until the oldest request's delay ends.
+
+        As Triton's GetDynamicBatch: requests are added in order while they fit
+        ``max_batch_size`` and share the batch's shapes. The batch goes at once, cut to the
+        largest preferred size it reached (or to where the next request would pass the
+        largest preferred size), unless a non-zero delay has expired; otherwise it goes whole
+        when it cannot grow, has reached the largest preferred size, or waits no more.
+        """
         candidates = self._candidates()
         if not candidates:
             return None, None
         policy = self._policy
+        max_preferred = max(policy.preferred_sizes, default=policy.max_batch_size)
         batch: list[_Pending] = []
         rows = 0
-        best_preferred = 0  # length of ``batch`` at the largest preferred size reached
+        best_preferred = 0  # batch length at the largest preferred size reached
+        cut = 0  # batch length where the next request would pass the largest preferred size
+        stopped = False  # the next request cannot join: the batch cannot grow
         for pending in candidates:
-            if batch and pending.shape_key != batch[0].shape_key:
+            if pending.job.rows > policy.max_batch_size:  # validation refuses these first
+                self._remove(pending)
+                self._fail(pending, InvalidArgument("request is larger than max_batch_size"))
+                continue
+            if batch and (
+                pending.shape_key != batch[0].shape_key
+                or rows + pending.job.rows > policy.max_batch_size
+            ):
+                stopped = True
                 break
-            if rows + pending.job.rows > policy.max_batch_size:
-                break
+            if batch and not best_preferred and not cut and rows + pending.job.rows > max_preferred:
+                cut = len(batch)
             batch.append(pending)
             rows += pending.job.rows
             if rows in policy.preferred_sizes:
                 best_preferred = len(batch)
-        if policy.max_queue_delay_us == 0:
-            return batch, None  # no waiting: whatever is pending goes now
-        if best_preferred:
-            return batch[:best_preferred], None  # the largest preferred size reachable
-        if rows >= policy.max_batch_size or len(batch) < len(candidates):
-            return batch, None  # it cannot grow any more
-        waited = now - batch[0].enqueued
+        if not batch:
+            return None, None
         delay = policy.max_queue_delay_us / 1e6
-        if waited >= delay:
+        waited = now - batch[0].enqueued
+        expired = delay > 0 and waited >= delay
+        prefix = best_preferred or cut
+        if prefix and not expired:
+            return batch[:prefix], None
+        if stopped or rows >= max_preferred or expired or delay == 0:
             return batch, None
         return None, delay - waited
 
