@@ -319,5 +319,7 @@ async def _retire(model: Model) -> None:
                 served.gate.inside, model.name, served.version,
             )
         if served.scheduler is not None:
+            # On the loop: schedulers touch loop objects when they close. Nothing runs on
+            # the instances any more, so joining their threads does not wait.
             scheduler, served.scheduler = served.scheduler, None
-            await asyncio.to_thread(scheduler.close)
+            scheduler.close()

@@ -249,7 +249,14 @@ class DynamicBatcher:
         assert self._wake is not None
         while True:
             self._wake.clear()
-            wait_s = self._dispatch_ready()
+            try:
+                wait_s = self._dispatch_ready()
+            except Exception as exc:
+                log.exception("batcher of '%s' failed; failing its queued requests", self._name)
+                for pending in self._all_queued():
+                    self._remove(pending)
+                    self._fail(pending, InternalError(f"batcher failed: {exc}"))
+                wait_s = None
             if wait_s is None:
                 await self._wake.wait()
             else:

@@ -31,4 +31,5 @@ class Scheduler(Protocol):
         """Run the job (maybe batched with others) and return its outputs."""
 
     def close(self) -> None:
-        """Stop the instances' worker threads and release the instances."""
+        """Stop the instances' worker threads and release the instances (called on the
+        event loop, once no request is running)."""
