@@ -112,7 +112,8 @@ async def serve(settings: Settings) -> int:
     forced = asyncio.ensure_future(force.wait())
     await asyncio.wait([drained, forced], return_when=asyncio.FIRST_COMPLETED)
     forced.cancel()
-    if not (drained.done() and drained.result()):
+    finished = drained.done() and drained.result()
+    if not finished:
         drained.cancel()
         log.warning("stopping with %d requests still in flight", dataplane.gate.inside)
     dataplane.set_live(False)
@@ -123,7 +124,7 @@ async def serve(settings: Settings) -> int:
             await asyncio.wait_for(http_server.close_all_connections(), _CLOSE_TIMEOUT_SECS)
         except TimeoutError:
             log.warning("HTTP connections did not close within %d s", _CLOSE_TIMEOUT_SECS)
-    await repository.close()
+    await repository.close(None if finished else 0)
     log.info("stopped")
     return 0
 
@@ -134,8 +135,8 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
         await asyncio.sleep(every_secs)
         try:
             await repository.poll_once()
-        except (InferenceServerError, OSError) as exc:  # keep polling: the folder may return
-            log.error("repository poll failed: %s", exc)
+        except Exception:
+            log.exception("repository poll failed")
 
 
 def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:

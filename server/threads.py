@@ -25,5 +25,11 @@ async def run_in_thread(
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        await asyncio.wait([future])
+        while not future.done():  # even if cancelled again meanwhile
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                continue
+        if not future.cancelled():
+            future.exception()  # nobody reads the result: do not report it as unretrieved
         raise

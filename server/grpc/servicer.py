@@ -187,13 +187,15 @@ class InferenceServicer:
             replies.put_nowait(reply)
 
         async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(answer(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.wait(list(running))
-            replies.put_nowait(None)
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(answer(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.wait(list(running))
+            finally:
+                replies.put_nowait(None)  # ends the replies even when reading failed
 
         reader = asyncio.create_task(read())
         try:

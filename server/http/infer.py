@@ -81,6 +81,8 @@ class InferHandler(BaseHandler):
 
     async def post(self, model: str, version: str | None) -> None:
         self._in_post = True
+        if self._receiver is None and not self._finished and not self._drained_refusal:
+            return  # the client went away after sending its body: nobody to answer
         if self._drained_refusal:  # answered in prepare(); the body has now been dropped
             self.finish()
             return

@@ -290,10 +290,11 @@ class ModelRepository:
                 log.info("model '%s' removed from the repository: unloading", name)
                 await self.unload(name)
 
-    async def close(self) -> None:
-        """Release every model (server shutdown)."""
+    async def close(self, wait_secs: float | None = None) -> None:
+        """Release every model (server shutdown), waiting at most ``wait_secs`` for requests
+        still running (None: as long as they take)."""
         for loaded in list(self._loaded.values()):
-            await _retire(loaded.model)
+            await _retire(loaded.model, wait_secs)
             if loaded.override is not None:
                 loaded.override.remove()
 
@@ -308,18 +309,21 @@ def _failure(model: Model) -> str:
     return "; ".join(reasons) or "no version loaded"
 
 
-async def _retire(model: Model) -> None:
-    """Close every version to new requests, wait for those admitted, release the instances."""
+async def _retire(model: Model, wait_secs: float | None = None) -> None:
+    """Close every version to new requests, wait for those admitted (at most ``wait_secs``;
+    None: as long as they take), release the instances."""
     for served in model.versions.values():
         served.gate.close()
     for served in model.versions.values():
-        while not await served.gate.wait_idle(60):
+        idle = await served.gate.wait_idle(60 if wait_secs is None else wait_secs)
+        while not idle and wait_secs is None:
             log.warning(
                 "still waiting for %d requests to '%s' version %d before releasing it",
                 served.gate.inside, model.name, served.version,
             )
+            idle = await served.gate.wait_idle(60)
         if served.scheduler is not None:
-            # On the loop: schedulers touch loop objects when they close. Nothing runs on
-            # the instances any more, so joining their threads does not wait.
+            # On the loop: schedulers touch loop objects when they close. Once idle, nothing
+            # runs on the instances, so joining their threads does not wait.
             scheduler, served.scheduler = served.scheduler, None
-            scheduler.close()
+            scheduler.close(wait=idle)

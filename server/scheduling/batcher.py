@@ -94,7 +94,7 @@ class _Pending:
 
     job: Job
     level: int
-    shape_key: tuple[tuple[int, ...], ...]
+    shape_key: tuple[tuple[str, str, tuple[int, ...]], ...]
     enqueued: float  # clock seconds, for the queue delay
     enqueued_ns: int  # perf counter, for the statistics
     deadline: float | None  # when a queue timeout expires (clock seconds)
@@ -108,9 +108,12 @@ class _Pending:
     outcome: tuple[dict[str, np.ndarray] | None, BaseException | None] | None = None
 
 
-def _shape_key(job: Job) -> tuple[tuple[int, ...], ...]:
-    """Requests batch together only when every input's non-batch dims are equal."""
-    return tuple(job.inputs[name].shape[1:] for name in sorted(job.inputs))
+def _shape_key(job: Job) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Requests batch together only with the same inputs (optional ones included), of the
+    same dtypes and non-batch dims."""
+    return tuple(
+        (name, job.inputs[name].dtype.str, job.inputs[name].shape[1:]) for name in sorted(job.inputs)
+    )
 
 
 class DynamicBatcher:
@@ -167,17 +170,24 @@ class DynamicBatcher:
             if not pending.dispatched:
                 self._remove(pending)
             else:
-                await pending.released.wait()
+                # Nobody will read the answer; an error stored in it is not "unretrieved".
+                pending.result.add_done_callback(_consume)
+                while not pending.released.is_set():  # even if cancelled again meanwhile
+                    try:
+                        await pending.released.wait()
+                    except asyncio.CancelledError:
+                        continue
             raise
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
         if self._task is not None:
             self._task.cancel()
         for pending in self._all_queued():
             if not pending.result.done():
                 pending.result.set_exception(Unavailable(f"model '{self._name}' was unloaded"))
         for runner in self._runners:
-            runner.close()
+            runner.close(wait)
 
     # --- queueing --------------------------------------------------------------------------
 
@@ -463,6 +473,11 @@ class DynamicBatcher:
                 pending.result.set_exception(error or InternalError("no outputs"))
             else:
                 pending.result.set_result(outputs)
+
+
+def _consume(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

@@ -55,7 +55,7 @@ class DirectScheduler:
             self._stats.record_execution(job.rows, 0, job.times.compute_ns, 0)
         return outputs
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop the worker threads and release the instances."""
         for runner in self._runners:
-            runner.close()
+            runner.close(wait)

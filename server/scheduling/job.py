@@ -30,6 +30,6 @@ class Scheduler(Protocol):
     async def execute(self, job: Job) -> dict[str, np.ndarray]:
         """Run the job (maybe batched with others) and return its outputs."""
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop the instances' worker threads and release the instances (called on the
-        event loop, once no request is running)."""
+        event loop, once no request is running; ``wait=False`` when stopping by force)."""

@@ -85,7 +85,9 @@ class InstanceRunner:
             seconds if previous is None else previous + _SMOOTHING * (seconds - previous)
         )
 
-    def close(self) -> None:
-        """Stop the worker thread (after its current work) and release the instance."""
-        self._thread.shutdown(wait=True)
-        self.instance.close()
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker thread and release the instance; ``wait=False`` (a forced stop)
+        does not wait for an execution still running."""
+        self._thread.shutdown(wait=wait)
+        if wait:
+            self.instance.close()

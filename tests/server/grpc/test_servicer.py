@@ -262,3 +262,20 @@ def test_closed_gate_refuses_inference_with_unavailable() -> None:
         assert (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready is False
 
     _run(scenario)
+
+
+def test_stream_ends_with_the_error_when_reading_requests_fails() -> None:
+    """A request stream that breaks must end the reply stream with that error, not hang."""
+    from server.grpc.servicer import InferenceServicer
+
+    async def broken() -> AsyncIterator[bytes]:
+        raise RuntimeError("the client's stream broke")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def scenario() -> None:
+        servicer = InferenceServicer(None)  # type: ignore[arg-type]
+        replies = servicer.ModelStreamInfer(broken(), None)  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="stream broke"):
+            await asyncio.wait_for(replies.__anext__(), 5)
+
+    asyncio.run(scenario())

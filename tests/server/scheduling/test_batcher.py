@@ -1029,3 +1029,34 @@ def test_statistics_count_executions_by_batch_size() -> None:
     assert model.batch_rows() == [1, 5, 5]
     assert stats.execution_count == 3
     assert {size: s.compute_infer.count for size, s in stats.batch_stats.items()} == {1: 1, 5: 2}
+
+
+class _FirstInputEcho(ModelInstance):
+    """Slow enough to stay on its thread; answers with its first input, doubled."""
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        time.sleep(0.02)
+        first = inputs[min(inputs)]
+        return {name: first * 2 for name in output_names}
+
+
+def test_requests_with_different_optional_inputs_are_not_merged() -> None:
+    """Triton: optional inputs force the same input set; same shapes are not enough."""
+    batcher = DynamicBatcher("m", [_FirstInputEcho()], BatchingPolicy(max_batch_size=8))
+
+    async def scenario() -> list[dict[str, np.ndarray]]:
+        busy = asyncio.ensure_future(
+            batcher.execute(Job({"A": np.ones((1, 4), np.float32)}, ["OUT"]))
+        )
+        await asyncio.sleep(0.005)  # the instance is busy: the next two queue together
+        return await asyncio.gather(
+            busy,
+            batcher.execute(Job({"A": np.full((1, 4), 3, np.float32)}, ["OUT"])),
+            batcher.execute(Job({"B": np.full((1, 4), 5, np.float32)}, ["OUT"])),
+        )
+
+    results = asyncio.run(scenario())
+    assert [float(r["OUT"][0, 0]) for r in results] == [2.0, 6.0, 10.0]
+    batcher.close()
