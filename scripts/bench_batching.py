@@ -25,11 +25,8 @@ import http.client
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +58,6 @@ from scripts.bench_grpc import (
 )
 from scripts.bench_http import (
     REPOSITORY,
-    SERVER_ARGS,
     HttpFraming,
     ServerUnderTest,
     Workload,
@@ -112,41 +108,6 @@ def write_repositories(base: Path, delay_us: int) -> list[Path]:
         )
         repositories.append(repository)
     return repositories
-
-
-class BatchingServer(ServerUnderTest):
-    """``bench_http``'s server under test (log capture, readiness, stop by PID), started on the
-    given repositories instead of the example one, with the same pinning and loopback ports."""
-
-    def __init__(self, repositories: list[Path], timeout: float = 60.0) -> None:
-        args = [a for a in SERVER_ARGS if not a.startswith("--model-repository")]
-        args += [f"--model-repository={repository}" for repository in repositories]
-        self.lines: list[str] = []
-        self.started_at_line = 0
-        self._port: int | None = None
-        self._grpc_port: int | None = None
-        self._started = threading.Event()
-        self._grpc_started = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", *args],
-            cwd=ROOT,
-            env={**os.environ, **PINNED_THREADS, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + timeout
-        while not self._started.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
-        try:
-            self._wait_ready(deadline)
-        except RuntimeError:
-            self.stop()
-            raise
 
 
 def get_json(address: tuple[str, int], path: str) -> Any:
@@ -573,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = {**machine_facts(), "grpcio": grpc.__version__}
     print(f"max_queue_delay_microseconds of {BATCHED}: {args.delay_us}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_batching_") as base:
-        server = BatchingServer(write_repositories(Path(base), args.delay_us))
+        server = ServerUnderTest(repositories=write_repositories(Path(base), args.delay_us))
         try:
             endpoints = Endpoints(
                 server.address, server.grpc_address() if args.grpc else None, server.proc.pid

@@ -201,7 +201,12 @@ def check_response(raw: bytes, workload: Workload) -> list[str]:
 class ServerUnderTest:
     """``python -m server`` as a user starts it; its log is kept to report what it said."""
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, repositories: list[Path] | None = None) -> None:
+        """``repositories`` replace the example repository (bench_batching's models)."""
+        args = list(SERVER_ARGS)
+        if repositories is not None:
+            args = [a for a in args if not a.startswith("--model-repository")]
+            args += [f"--model-repository={repository}" for repository in repositories]
         self.lines: list[str] = []
         self.started_at_line = 0
         self._port: int | None = None
@@ -209,7 +214,7 @@ class ServerUnderTest:
         self._started = threading.Event()
         self._grpc_started = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", *SERVER_ARGS],
+            [sys.executable, "-m", "server", *args],
             cwd=ROOT,
             env={**os.environ, **PINNED_THREADS, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
@@ -223,7 +228,11 @@ class ServerUnderTest:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
-        self._wait_ready(deadline)
+        try:
+            self._wait_ready(deadline)
+        except RuntimeError:
+            self.stop()
+            raise
 
     @property
     def address(self) -> tuple[str, int]:

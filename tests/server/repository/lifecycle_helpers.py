@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from scripts import make_models
 
@@ -129,3 +131,10 @@ def infer_add_sub(client: Client, name: str, a: np.ndarray, b: np.ndarray) -> di
 
 def index_of(entries: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [entry for entry in entries if entry["name"] == name]
+
+
+def client_error(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
+    """The tritonclient error ``call(*args, **kwargs)`` raises (fails if it raises none)."""
+    with pytest.raises(InferenceServerException) as caught:
+        call(*args, **kwargs)
+    return caught.value

@@ -23,6 +23,7 @@ from tests.server.repository.lifecycle_helpers import (
     add_identity,
     add_sub_bytes,
     add_sub_config,
+    client_error,
     identity_config,
     identity_repository,
     infer_add_sub,
@@ -34,12 +35,6 @@ from tests.server_process import ServerProcess, start_server
 
 EXPLICIT = "--model-control-mode=explicit"
 INVALID = "StatusCode.INVALID_ARGUMENT"
-
-
-def _error(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as caught:
-        call(*args, **kwargs)
-    return caught.value
 
 
 def _index(client: grpcclient.InferenceServerClient) -> list[dict[str, Any]]:
@@ -100,7 +95,7 @@ def test_load_model_flag_loads_only_that_model(repo: Path) -> None:
                 assert (model.version, model.state, model.reason) == ("", "", "")
         assert c.is_model_ready("first") and not c.is_model_ready("second")
         assert c.is_server_ready()
-        error = _error(infer_identity, c, "second", rows(1))
+        error = client_error(infer_identity, c, "second", rows(1))
         assert error.status() == INVALID
         assert "Request for unknown model: 'second' is not found" in error.message()
         c.close()
@@ -131,7 +126,7 @@ def test_load_unload_and_ready_filter(
     assert (entry["version"], entry["state"]) == ("1", "UNAVAILABLE")
     ready = stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True))
     assert "cycle" not in [m.name for m in ready.models]
-    error = _error(infer_identity, client, "cycle", rows(1))
+    error = client_error(infer_identity, client, "cycle", rows(1))
     assert error.status() in (INVALID, "StatusCode.NOT_FOUND", "StatusCode.UNAVAILABLE")
     client.unload_model("cycle", unload_dependents=True)  # again: fine
     client.load_model("cycle")
@@ -146,7 +141,7 @@ def test_reload_with_config_override(client: grpcclient.InferenceServerClient, r
     client.load_model("reload_me", config=identity_config(2))
     assert client.get_model_config("reload_me").config.max_batch_size == 2
     np.testing.assert_array_equal(infer_identity(client, "reload_me", rows(2)), rows(2))
-    assert _error(infer_identity, client, "reload_me", rows(3)).status() == INVALID
+    assert client_error(infer_identity, client, "reload_me", rows(3)).status() == INVALID
     # config.pbtxt (max_batch_size 8) loses to the override, and applies without one
     client.load_model("cfg", config=identity_config(1))
     assert client.get_model_config("cfg").config.max_batch_size == 1
@@ -177,7 +172,7 @@ def test_file_override_paths_that_escape_are_refused(
 ) -> None:
     client.load_model("keep")
     before = snapshot(repo)
-    error = _error(client.load_model, "keep", config=identity_config(4), files={key: b"x"})
+    error = client_error(client.load_model, "keep", config=identity_config(4), files={key: b"x"})
     assert error.status() == INVALID
     assert "invalid file override path" in error.message()
     assert snapshot(repo) == before
@@ -186,16 +181,16 @@ def test_file_override_paths_that_escape_are_refused(
 
 @pytest.mark.parametrize("name", ["../etc", "a/../b", "/etc/passwd", "model/", " ..", "..\\x"])
 def test_traversal_names_are_refused(client: grpcclient.InferenceServerClient, name: str) -> None:
-    error = _error(client.load_model, name)
+    error = client_error(client.load_model, name)
     assert (error.status(), error.message()) == (INVALID, TRAVERSAL)
-    error = _error(client.load_model, name, config=identity_config(1),
+    error = client_error(client.load_model, name, config=identity_config(1),
                    files={"file:1/model.onnx": add_sub_bytes()})
     assert error.message() == TRAVERSAL
 
 
 @pytest.mark.parametrize("name", ["", " ", "\t", "  \t "])
 def test_empty_names_are_refused(client: grpcclient.InferenceServerClient, name: str) -> None:
-    error = _error(client.load_model, name)
+    error = client_error(client.load_model, name)
     assert (error.status(), error.message()) == (INVALID, EMPTY_NAME)
 
 
@@ -203,7 +198,7 @@ def test_empty_names_are_refused(client: grpcclient.InferenceServerClient, name:
 def test_odd_valid_names_are_not_traversal(
     client: grpcclient.InferenceServerClient, name: str
 ) -> None:
-    error = _error(client.load_model, name)
+    error = client_error(client.load_model, name)
     assert NO_FOLDER in error.message()
     assert TRAVERSAL not in error.message()
 
@@ -227,7 +222,7 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
     try:
         assert server.grpc_port is not None, server.log
         c = grpcclient.InferenceServerClient(server.grpc_url)
-        error = _error(c.load_model, "corrupt")
+        error = client_error(c.load_model, "corrupt")
         assert "corrupt" in error.message()
         assert c.is_server_live()
         np.testing.assert_array_equal(infer_identity(c, "good", rows(2)), rows(2))

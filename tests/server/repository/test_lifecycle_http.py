@@ -9,13 +9,11 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from tests.server.repository.lifecycle_helpers import (
     EMPTY_NAME,
@@ -25,6 +23,7 @@ from tests.server.repository.lifecycle_helpers import (
     add_identity,
     add_sub_bytes,
     add_sub_config,
+    client_error,
     identity_config,
     identity_repository,
     index_of,
@@ -38,12 +37,6 @@ from tests.server_process import ServerProcess, start_server
 
 EXPLICIT = "--model-control-mode=explicit"
 OVERRIDE_PREFIX = "tensorgate-override-"
-
-
-def _error(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as caught:
-        call(*args, **kwargs)
-    return caught.value
 
 
 def _identity_body(batch: int, start: float = 0.0) -> bytes:
@@ -118,7 +111,7 @@ def test_load_model_flag_loads_only_those_models(repo: Path) -> None:
         assert not c.is_model_ready("cycle")
         assert c.is_server_ready()  # strict readiness counts the wanted models only
         np.testing.assert_array_equal(infer_identity(c, "first", rows(2)), rows(2))
-        error = _error(infer_identity, c, "cycle", rows(1))
+        error = client_error(infer_identity, c, "cycle", rows(1))
         assert str(error.status()) == "400"
         assert "Request for unknown model: 'cycle' is not found" in error.message()
         c.close()
@@ -157,7 +150,7 @@ def test_load_and_unload(client: httpclient.InferenceServerClient) -> None:
     assert not client.is_model_ready("cycle")
     (entry,) = index_of(client.get_model_repository_index(), "cycle")
     assert (entry["version"], entry["state"]) == ("1", "UNAVAILABLE")
-    error = _error(infer_identity, client, "cycle", rows(1))
+    error = client_error(infer_identity, client, "cycle", rows(1))
     assert str(error.status()) in ("400", "404", "503")
 
     client.unload_model("cycle")  # unloading an unloaded model is fine
@@ -193,7 +186,7 @@ def test_load_with_config_override_beats_config_pbtxt(
     client.load_model("cfg", config=identity_config(3))
     assert client.get_model_config("cfg")["max_batch_size"] == 3
     np.testing.assert_array_equal(infer_identity(client, "cfg", rows(3)), rows(3))
-    error = _error(infer_identity, client, "cfg", rows(4))
+    error = client_error(infer_identity, client, "cfg", rows(4))
     assert str(error.status()) == "400"
     # without an override the folder's config.pbtxt (max_batch_size 8) applies again
     client.load_model("cfg")
@@ -239,7 +232,7 @@ def test_reload_with_changed_config_switches_without_failing_requests(
     assert failures == []
     assert client.get_model_config("reload_me")["max_batch_size"] == 8
     np.testing.assert_array_equal(infer_identity(client, "reload_me", rows(8)), rows(8))
-    assert str(_error(infer_identity, client, "reload_me", rows(9)).status()) == "400"
+    assert str(client_error(infer_identity, client, "reload_me", rows(9)).status()) == "400"
 
 
 def test_load_with_file_override_serves_it_and_leaves_the_repository_alone(
@@ -278,7 +271,7 @@ def test_file_override_paths_that_escape_are_refused(
     client.load_model("keep")
     base = server_tmp.parent
     before = snapshot(base, repo)
-    error = _error(
+    error = client_error(
         client.load_model, "keep", config=identity_config(4),
         files={key: b"evil", "file:1/model.onnx": b"also not used"},
     )
@@ -336,13 +329,13 @@ def test_load_and_unload_refused_outside_explicit_mode(tmp_path: Path, mode: str
         assert server.port is not None, server.log
         c = httpclient.InferenceServerClient(server.url)
         for call in (c.load_model, c.unload_model):
-            error = _error(call, "m")
+            error = client_error(call, "m")
             assert (str(error.status()), error.message()) == ("503", NOT_ALLOWED)
-        error = _error(c.load_model, "m", config=identity_config(1))
+        error = client_error(c.load_model, "m", config=identity_config(1))
         assert str(error.status()) == "503"
         g = grpcclient.InferenceServerClient(server.grpc_url)
         for call in (g.load_model, g.unload_model):
-            error = _error(call, "m")
+            error = client_error(call, "m")
             assert (error.status(), error.message()) == ("StatusCode.UNAVAILABLE", NOT_ALLOWED)
         assert c.is_model_ready("m")  # the refused unload did nothing
         np.testing.assert_array_equal(infer_identity(c, "m", rows(1)), rows(1))
@@ -364,7 +357,7 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
         assert server.port is not None, server.log
         c = httpclient.InferenceServerClient(server.url)
         assert c.is_server_ready()
-        error = _error(c.load_model, "corrupt")
+        error = client_error(c.load_model, "corrupt")
         assert "corrupt" in error.message()
         assert str(error.status()) in ("400", "500")
         assert c.is_server_live()
@@ -380,7 +373,7 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
         assert c.is_server_ready()
 
         # a failed reload (bad files) keeps the serving version
-        error = _error(
+        error = client_error(
             c.load_model, "good", config=identity_config(4),
             files={"file:1/model.onnx": b"not onnx either"},
         )
