@@ -354,7 +354,7 @@ class DynamicBatcher:
         if not batch:
             return None, None
         delay = policy.max_queue_delay_us / 1e6
-        waited = now - batch[0].enqueued
+        waited = now - min(p.enqueued for p in candidates)  # the oldest in the whole queue
         expired = delay > 0 and waited >= delay
         prefix = best_preferred or cut
         if prefix and not expired:
