@@ -361,16 +361,19 @@ def _echo_main(port_pipe: Connection) -> None:
 
 
 class EchoServer:
-    """The echo server in a child process of its own, as a server would be."""
+    """An echo server in a child process of its own, as a server would be. ``main`` serves
+    on a free loopback port and sends that port through the pipe it is given."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, main: Callable[[Connection], None] = _echo_main, what: str = "echo server"
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_echo_main, args=(sender,), daemon=True)
+        self._process = context.Process(target=main, args=(sender,), daemon=True)
         self._process.start()
         if not receiver.poll(30):
             self.stop()
-            raise RuntimeError("the echo server did not start")
+            raise RuntimeError(f"the {what} did not start")
         self.address = ("127.0.0.1", int(receiver.recv()))
 
     @property

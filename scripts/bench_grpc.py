@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ if __package__ in (None, ""):  # run as a file: make the `scripts` package impor
 
 from scripts.bench_common import (
     PINNED_THREADS,
+    EchoServer,
     Sample,
     cpu_seconds,
     fmt_number,
@@ -282,30 +282,6 @@ def _grpc_echo_main(port_pipe: Connection) -> None:
     asyncio.run(serve())
 
 
-class GrpcEchoServer:
-    """The echo server in a child process of its own, as a server would be."""
-
-    def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_grpc_echo_main, args=(sender,), daemon=True)
-        self._process.start()
-        if not receiver.poll(30):
-            self.stop()
-            raise RuntimeError("the gRPC echo server did not start")
-        self.address = ("127.0.0.1", int(receiver.recv()))
-
-    @property
-    def pid(self) -> int:
-        assert self._process.pid is not None
-        return self._process.pid
-
-    def stop(self) -> None:
-        """SIGTERM the child this object started, and only it."""
-        self._process.terminate()
-        self._process.join(10)
-
-
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -332,7 +308,7 @@ class Endpoints:
     http: tuple[str, int]
     grpc: tuple[str, int]
     server_pid: int
-    echo: GrpcEchoServer | None
+    echo: EchoServer | None
 
 
 def run_cells(endpoints: Endpoints, args: argparse.Namespace) -> list[Cell]:
@@ -637,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerUnderTest()
     echo = None
     try:
-        echo = GrpcEchoServer() if args.echo else None
+        echo = EchoServer(_grpc_echo_main, "gRPC echo server") if args.echo else None
         endpoints = Endpoints(server.address, server.grpc_address(), server.proc.pid, echo)
         cells = run_cells(endpoints, args)
     finally:

@@ -78,8 +78,8 @@ class OnnxRuntimeBackend(Backend):
     def signature(self, model_path: Path) -> ModelSignature:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = self._session(model_path, options, model_path.parent.parent.name)
-        model = model_path.parent.parent.name
+        model = model_path.parent.parent.name  # <repo>/<model>/<version>/model.onnx
+        session = self._session(model_path, options, model)
         return ModelSignature(
             tuple(_tensor_info(arg, model) for arg in session.get_inputs()),
             tuple(_tensor_info(arg, model) for arg in session.get_outputs()),

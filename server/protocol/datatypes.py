@@ -57,8 +57,6 @@ _ALL = (
 BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
 BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
 _BY_CONFIG_ENUM: dict[int, DataType] = {mc.DataType.Value(d.config_name): d for d in _ALL}
-# Little-endian numpy dtypes; BYTES (object) is handled by the BYTES codec, not by dtype.
-_BY_DTYPE: dict[np.dtype, DataType] = {d.dtype: d for d in _ALL if not d.is_bytes}
 
 
 def from_name(name: object) -> DataType:
@@ -83,14 +81,4 @@ def from_config_enum(value: int) -> DataType:
     found = _BY_CONFIG_ENUM.get(value)
     if found is None:
         raise InvalidArgument(f"unsupported model config datatype {value}")
-    return found
-
-
-def from_numpy(dtype: np.dtype) -> DataType:
-    """The datatype of a numpy array (object and str arrays are BYTES)."""
-    if dtype.kind in ("O", "S", "U"):
-        return BY_NAME["BYTES"]
-    found = _BY_DTYPE.get(dtype.newbyteorder("=") if dtype.byteorder == ">" else dtype)
-    if found is None:
-        raise InvalidArgument(f"numpy dtype {dtype} has no V2 datatype")
     return found

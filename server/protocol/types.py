@@ -47,13 +47,6 @@ class InferRequest:
     id: str | None = None
     parameters: Parameters = field(default_factory=dict)
 
-    @property
-    def batch_size(self) -> int:
-        """Rows in the request: the leading dimension of its first input (1 when scalar)."""
-        if not self.inputs or not self.inputs[0].shape:
-            return 1
-        return self.inputs[0].shape[0]
-
 
 @dataclass
 class OutputTensor:

@@ -16,7 +16,6 @@ All batching state lives on the event loop; only model execution runs on instanc
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import deque
@@ -99,7 +98,6 @@ class _Pending:
     enqueued_ns: int  # perf counter, for the statistics
     deadline: float | None  # when a queue timeout expires (clock seconds)
     delay_on_timeout: bool
-    sequence: int
     result: asyncio.Future[dict[str, np.ndarray]]
     #: set once the batch that took this request has finished with its inputs
     released: asyncio.Event = field(default_factory=asyncio.Event)
@@ -141,7 +139,6 @@ class DynamicBatcher:
         self._delayed: dict[int, deque[_Pending]] = {
             level: deque() for level in range(1, policy.priority_levels + 1)
         }
-        self._sequence = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._released_in_order: deque[_Pending] = deque()
@@ -221,7 +218,6 @@ class DynamicBatcher:
             enqueued_ns=time.perf_counter_ns(),
             deadline=now + timeout_us / 1e6 if timeout_us else None,
             delay_on_timeout=queue_policy.delay_on_timeout,
-            sequence=next(self._sequence),
             result=asyncio.get_running_loop().create_future(),
         )
         self._queues[level].append(pending)

@@ -12,27 +12,7 @@ from server.observability.statistics import (
     statistics_json,
     statistics_response,
 )
-
-DURATIONS = (
-    "success",
-    "fail",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
-# What perf_analyzer reads with GetUint64 and no existence check (triton-facts §0 item 6).
-PERF_ANALYZER_DURATIONS = (
-    "success",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
+from tests.server.observability.stats_fields import DURATIONS, PERF_ANALYZER_DURATIONS
 
 
 class FakeClock:

@@ -22,28 +22,9 @@ from tritonclient.utils import InferenceServerException  # type: ignore[import-u
 
 from scripts import make_models
 from tests.model_repos import rows_of_three_model
+from tests.server.observability.stats_fields import DURATIONS, PERF_ANALYZER_DURATIONS
 from tests.server_process import ServerProcess, start_server
 
-DURATIONS = (
-    "success",
-    "fail",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
-# What perf_analyzer reads without checking that it exists.
-PERF_ANALYZER_DURATIONS = (
-    "success",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
 BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 
 # The requests of test_counts_match_the_requests_sent: batch sizes of the successes (the first

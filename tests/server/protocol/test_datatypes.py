@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -81,32 +79,6 @@ def test_from_name_refuses_everything_else(bad: object) -> None:
 def test_from_config_name_refuses_unknown(bad: str) -> None:
     with pytest.raises(InvalidArgument, match=f"unsupported model config datatype {bad}$"):
         datatypes.from_config_name(bad)
-
-
-@pytest.mark.parametrize("name", [n for n in sorted(EXPECTED) if n != "BYTES"])
-def test_from_numpy_native(name: str) -> None:
-    assert datatypes.from_numpy(EXPECTED[name][1]) is datatypes.BY_NAME[name]
-
-
-@pytest.mark.parametrize(
-    "dtype", [np.dtype(object), np.dtype("S5"), np.dtype("U3"), np.dtype(bytes), np.dtype(str)]
-)
-def test_from_numpy_object_and_strings_are_bytes(dtype: np.dtype) -> None:
-    assert datatypes.from_numpy(dtype) is datatypes.BY_NAME["BYTES"]
-
-
-@pytest.mark.parametrize(
-    "dtype,name",
-    [(">i4", "INT32"), (">f4", "FP32"), (">u8", "UINT64"), (">f8", "FP64"), (">i2", "INT16")],
-)
-def test_from_numpy_big_endian_maps_to_same_datatype(dtype: str, name: str) -> None:
-    assert datatypes.from_numpy(np.dtype(dtype)) is datatypes.BY_NAME[name]
-
-
-@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, "M8[s]", "m8[s]", "V4"])
-def test_from_numpy_refuses_types_without_a_v2_name(dtype: Any) -> None:
-    with pytest.raises(InvalidArgument, match="has no V2 datatype"):
-        datatypes.from_numpy(np.dtype(dtype))
 
 
 def test_datatype_is_frozen() -> None:

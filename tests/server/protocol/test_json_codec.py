@@ -393,8 +393,7 @@ def test_decode_then_encode_round_trip_bytes() -> None:
 
 
 def test_encode_big_endian_array_is_serialisable() -> None:
-    # from_numpy maps '>f8' to FP64; its JSON must still be writable by orjson.
+    # A big-endian array's JSON must still be writable by orjson.
     array = np.array([1.5, -2.0], dtype=">f8")
-    assert datatypes.from_numpy(array.dtype) is DT["FP64"]
     encoded = encode_data(array, DT["FP64"])
     assert orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY) == b"[1.5,-2.0]"
