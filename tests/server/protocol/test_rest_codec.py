@@ -98,7 +98,6 @@ def test_decode_json_inputs() -> None:
     assert request.inputs[1].data.tolist() == [0.5, 1.5]
     assert request.inputs[2].data.tolist() == [b"hi"]
     assert request.inputs[3].data.tolist() == [True, False]
-    assert request.batch_size == 1
 
 
 def test_decode_id_parameters_and_outputs() -> None:
