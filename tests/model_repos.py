@@ -59,6 +59,56 @@ def rows_of_three_model() -> onnx.ModelProto:
     return model
 
 
+def ragged_model() -> onnx.ModelProto:
+    """What a model built for Triton's ragged batching looks like: the ragged INPUT arrives as
+    one flat FP32 tensor of every request's elements, ENDS (a ``batch_input`` of kind
+    BATCH_ACCUMULATED_ELEMENT_COUNT) marks where each request ends. OUTPUT = 2 * INPUT, element
+    by element (scattered back with BATCH_SCATTER_WITH_INPUT_SHAPE); LAST_END = ENDS, one value
+    per request (one row each)."""
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["INPUT", "two"], ["OUTPUT"]),
+            helper.make_node("Identity", ["ENDS"], ["LAST_END"]),
+        ],
+        "ragged",
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["elements"]),
+            helper.make_tensor_value_info("ENDS", TensorProto.INT32, ["requests"]),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["elements"]),
+            helper.make_tensor_value_info("LAST_END", TensorProto.INT32, ["requests"]),
+        ],
+        [two],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
+    model.ir_version = make_models.IR_VERSION
+    return model
+
+
+RAGGED_CONFIG = """name: "ragged"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "ENDS" data_type: TYPE_INT32
+                source_input: "INPUT" } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "LAST_END" data_type: TYPE_INT32 dims: [ 1 ] } ]
+batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "OUTPUT"
+                 source_input: "INPUT" } ]
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def build_ragged_repository(root: Path) -> Path:
+    """``ragged``: the model above with its Triton config (batching with a 20 ms delay)."""
+    make_models.save(ragged_model(), root / "ragged" / "1" / "model.onnx")
+    make_models.write_text(RAGGED_CONFIG, root / "ragged" / "config.pbtxt")
+    return root
+
+
 def build_slow_repository(root: Path, matmuls: int = 24, width: int = 2048) -> Path:
     """``slow``: FP32 [batch, width] through ``matmuls`` identity MatMuls, one instance, so a
     request with many rows keeps the model busy for a while (tests of queueing and draining)."""

@@ -159,11 +159,29 @@ def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> 
                     "the configuration"
                 )
     declared_inputs = {tensor.name for tensor in config.input}
+    batch_inputs = {
+        target: entry.data_type for entry in config.batch_input for target in entry.target_name
+    }
     for info in signature.inputs:
-        if info.name not in declared_inputs:
+        if info.name in batch_inputs:
+            expected = datatypes.from_config_enum(batch_inputs[info.name])
+            if expected is not info.datatype:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': batch input '{info.name}' has "
+                    f"datatype {info.datatype.config_name} in the model but "
+                    f"{expected.config_name} in the configuration"
+                )
+        elif info.name not in declared_inputs:
             raise ModelLoadError(
                 f"unable to load model '{config.name}': model input '{info.name}' is missing "
                 "from the configuration"
+            )
+    model_inputs = {info.name for info in signature.inputs}
+    for target in batch_inputs:
+        if target not in model_inputs:
+            raise ModelLoadError(
+                f"unable to load model '{config.name}': batch input '{target}' is not an input "
+                f"of the model (it has {sorted(model_inputs)})"
             )
 
 

@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.protocol.proto_json import message_to_json
+from server.scheduling.layout import validate_config as validate_batch_layout
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILE = "config.pbtxt"
@@ -123,6 +124,7 @@ def validate(config: ModelConfig) -> None:
                     raise ModelLoadError(
                         f"model '{name}' {kind_name} '{tensor.name}' has invalid dim {dim}"
                     )
+    validate_batch_layout(config)
     for group in config.instance_group:
         if group.kind not in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_GPU):
             raise ModelLoadError(
@@ -153,6 +155,5 @@ def _validate_priorities(batching: mc.ModelDynamicBatching) -> None:
         policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
         if any(p.timeout_action == mc.ModelQueuePolicy.DELAY for p in policies):
             raise ModelLoadError(
-                "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is "
-                "true"
+                "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"
             )

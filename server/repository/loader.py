@@ -23,6 +23,7 @@ from server.request_gate import RequestGate
 from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
 from server.scheduling.direct import DirectScheduler
 from server.scheduling.job import Scheduler
+from server.scheduling.layout import BatchLayout
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,7 @@ class Model:
     @property
     def ready(self) -> bool:
         """Every version the policy asked for is serving (and there is at least one)."""
-        return bool(self.versions) and all(
-            mv.state is State.READY for mv in self.versions.values()
-        )
+        return bool(self.versions) and all(mv.state is State.READY for mv in self.versions.values())
 
 
 def _resolve_backend(
@@ -83,7 +82,9 @@ def _resolve_backend(
     if config.backend:
         chosen = backends.get(config.backend)
         if chosen is None:
-            raise ModelLoadError(f"unsupported backend '{config.backend}' for model '{config.name}'")
+            raise ModelLoadError(
+                f"unsupported backend '{config.backend}' for model '{config.name}'"
+            )
     elif config.platform:
         chosen = next((b for b in backends.values() if b.platform == config.platform), None)
         if chosen is None:
@@ -203,11 +204,12 @@ def _load_version(
         return result
     result.spec = ModelSpec.from_config(config)
     name = f"{config.name}-{version}"
+    layout = BatchLayout.from_config(config)
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         policy = BatchingPolicy.from_config(config)
-        result.scheduler = DynamicBatcher(name, instances, policy, result.stats)
+        result.scheduler = DynamicBatcher(name, instances, policy, result.stats, layout=layout)
     else:
-        result.scheduler = DirectScheduler(name, instances, result.stats)
+        result.scheduler = DirectScheduler(name, instances, result.stats, layout)
     result.state = State.READY
     log.info("successfully loaded '%s' version %d", config.name, version)
     return result

@@ -29,11 +29,14 @@ from server.errors import InternalError, InvalidArgument, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
+from server.scheduling.layout import BatchLayout, ShapeKey
 from server.scheduling.runner import InstanceRunner
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds, monotonic
+#: Shorter waits than this are yielded away (``_yield_until``), longer ones use a loop timer.
+TIMER_GRANULARITY_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class _Pending:
 
     job: Job
     level: int
-    shape_key: tuple[tuple[str, str, tuple[int, ...]], ...]
+    shape_key: ShapeKey
     enqueued: float  # clock seconds, for the queue delay
     enqueued_ns: int  # perf counter, for the statistics
     deadline: float | None  # when a queue timeout expires (clock seconds)
@@ -106,14 +109,6 @@ class _Pending:
     outcome: tuple[dict[str, np.ndarray] | None, BaseException | None] | None = None
 
 
-def _shape_key(job: Job) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """Requests batch together only with the same inputs (optional ones included), of the
-    same dtypes and non-batch dims."""
-    return tuple(
-        (name, job.inputs[name].dtype.str, job.inputs[name].shape[1:]) for name in sorted(job.inputs)
-    )
-
-
 class DynamicBatcher:
     """Forms batches for one model version and runs them on its instances."""
 
@@ -124,9 +119,11 @@ class DynamicBatcher:
         policy: BatchingPolicy,
         stats: ModelStats | None = None,
         clock: Clock = time.monotonic,
+        layout: BatchLayout | None = None,
     ) -> None:
         self._name = name
         self._policy = policy
+        self._layout = layout or BatchLayout()
         self._stats = stats
         self._clock = clock
         self._runners = [
@@ -191,8 +188,10 @@ class DynamicBatcher:
     def _enqueue(self, job: Job) -> _Pending:
         policy = self._policy
         # 0, or a level the model does not have, means the default level (as Triton).
-        level = job.priority if 1 <= job.priority <= policy.priority_levels else (
-            policy.default_priority
+        level = (
+            job.priority
+            if 1 <= job.priority <= policy.priority_levels
+            else (policy.default_priority)
         )
         queue_policy = policy.policies.get(level, QueuePolicy())
         queued = len(self._queues[level]) + len(self._delayed[level])
@@ -213,7 +212,7 @@ class DynamicBatcher:
         pending = _Pending(
             job=job,
             level=level,
-            shape_key=_shape_key(job),
+            shape_key=self._layout.shape_key(job),
             enqueued=now,
             enqueued_ns=time.perf_counter_ns(),
             deadline=now + timeout_us / 1e6 if timeout_us else None,
@@ -265,6 +264,8 @@ class DynamicBatcher:
                 wait_s = None
             if wait_s is None:
                 await self._wake.wait()
+            elif wait_s < TIMER_GRANULARITY_S:
+                await _yield_until(self._wake, wait_s)
             else:
                 try:
                     await asyncio.wait_for(self._wake.wait(), wait_s)
@@ -375,12 +376,17 @@ class DynamicBatcher:
 
     async def _run(self, runner: InstanceRunner, batch: list[_Pending], started: int) -> None:
         rows = sum(p.job.rows for p in batch)
+        jobs = [p.job for p in batch]
         try:
-            inputs = batch[0].job.inputs if len(batch) == 1 else self._gather(runner, batch)
+            buffers = self._buffers.setdefault(id(runner), {})
+            inputs = self._layout.gather(jobs, buffers)
             names = _union_outputs(batch)
-            outputs = _unaliased(await runner.run(inputs, names), inputs, len(batch) > 1)
+            outputs = _unaliased(await runner.run(inputs, names), buffers)
             computed = time.perf_counter_ns() - started
-            self._scatter(batch, outputs, rows, computed)
+            answers = self._layout.scatter(self._name, jobs, outputs)
+            for pending, answer in zip(batch, answers):
+                pending.job.times.compute_ns = computed
+                self._succeed(pending, answer)
             if self._stats is not None:
                 self._stats.record_execution(rows, 0, computed, 0)
         except asyncio.CancelledError:
@@ -393,55 +399,6 @@ class DynamicBatcher:
                 pending.released.set()
             self._free.append(runner)
             self._notify()
-
-    def _gather(self, runner: InstanceRunner, batch: list[_Pending]) -> dict[str, np.ndarray]:
-        """Concatenate the batch's inputs along rows into this instance's reused buffers."""
-        buffers = self._buffers.setdefault(id(runner), {})
-        rows = sum(p.job.rows for p in batch)
-        gathered: dict[str, np.ndarray] = {}
-        for name, first in batch[0].job.inputs.items():
-            shape = (rows, *first.shape[1:])
-            buffer = buffers.get(name)
-            if (
-                buffer is None
-                or buffer.dtype != first.dtype
-                or buffer.shape[1:] != first.shape[1:]
-                or buffer.shape[0] < rows
-            ):
-                capacity = max(rows, self._policy.max_batch_size)
-                buffer = np.empty((capacity, *first.shape[1:]), dtype=first.dtype)
-                buffers[name] = buffer
-            out = buffer[:rows]
-            np.concatenate([p.job.inputs[name] for p in batch], axis=0, out=out)
-            gathered[name] = out.reshape(shape)
-        return gathered
-
-    def _scatter(
-        self,
-        batch: list[_Pending],
-        outputs: dict[str, np.ndarray],
-        rows: int,
-        computed_ns: int,
-    ) -> None:
-        if len(batch) == 1:  # a batch of one gets the outputs as the model made them
-            batch[0].job.times.compute_ns = computed_ns
-            self._succeed(batch[0], outputs)
-            return
-        for name, value in outputs.items():
-            if value.ndim == 0 or value.shape[0] != rows:
-                raise InternalError(
-                    f"model '{self._name}' returned output '{name}' with "
-                    f"{value.shape[0] if value.ndim else 0} rows for a batch of {rows}"
-                )
-        offset = 0
-        for pending in batch:
-            count = pending.job.rows
-            pending.job.times.compute_ns = computed_ns
-            own = {
-                name: outputs[name][offset : offset + count] for name in pending.job.output_names
-            }
-            offset += count
-            self._succeed(pending, own)
 
     def _succeed(self, pending: _Pending, outputs: dict[str, np.ndarray]) -> None:
         if self._policy.preserve_ordering:
@@ -471,6 +428,16 @@ class DynamicBatcher:
                 pending.result.set_result(outputs)
 
 
+async def _yield_until(wake: asyncio.Event, seconds: float) -> None:
+    """Wait a sub-millisecond time precisely: yield to the event loop until it has passed or
+    ``wake`` is set. The loop's own timers go through epoll, whose timeout is whole
+    milliseconds, so a 100 µs queue delay would last over a millisecond. The loop keeps
+    serving other callbacks meanwhile; the CPU this costs is bounded by the wait itself."""
+    end = time.perf_counter() + seconds
+    while not wake.is_set() and time.perf_counter() < end:
+        await asyncio.sleep(0)
+
+
 def _consume(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
     if not future.cancelled():
         future.exception()
@@ -485,15 +452,16 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 def _unaliased(
-    outputs: dict[str, np.ndarray], inputs: Mapping[str, np.ndarray], gathered: bool
+    outputs: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Copy any output that shares memory with a gathered input buffer: that buffer is reused
+    """Copy any output that shares memory with a reused gather buffer: that buffer is refilled
     by the instance's next batch while these answers may still be being written."""
-    if not gathered:
+    if not buffers:
         return outputs
-    buffers = list(inputs.values())
     return {
-        name: value.copy() if any(np.may_share_memory(value, b) for b in buffers) else value
+        name: (
+            value.copy() if any(np.may_share_memory(value, b) for b in buffers.values()) else value
+        )
         for name, value in outputs.items()
     }
 

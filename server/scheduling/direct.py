@@ -15,6 +15,7 @@ import numpy as np
 from backends.base import ModelInstance
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
+from server.scheduling.layout import BatchLayout
 from server.scheduling.runner import InstanceRunner
 
 
@@ -22,9 +23,15 @@ class DirectScheduler:
     """Runs requests one by one on whichever of the model's instances is free."""
 
     def __init__(
-        self, name: str, instances: Sequence[ModelInstance], stats: ModelStats | None = None
+        self,
+        name: str,
+        instances: Sequence[ModelInstance],
+        stats: ModelStats | None = None,
+        layout: BatchLayout | None = None,
     ) -> None:
+        self._name = name
         self._stats = stats
+        self._layout = layout or BatchLayout()
         self._runners = [
             InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
@@ -46,7 +53,12 @@ class DirectScheduler:
         runner = await free.get()
         started = time.perf_counter_ns()
         try:
-            outputs = await runner.run(job.inputs, job.output_names)
+            if self._layout.plain:
+                outputs = await runner.run(job.inputs, job.output_names)
+            else:  # ragged inputs flattened, batch inputs added, batch outputs shaped
+                inputs = self._layout.gather([job], {})
+                produced = await runner.run(inputs, job.output_names)
+                (outputs,) = self._layout.scatter(self._name, [job], produced)
         finally:
             free.put_nowait(runner)
             job.times.queue_ns = started - queued

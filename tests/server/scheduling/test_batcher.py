@@ -30,9 +30,11 @@ import pytest
 
 from backends.base import ModelInstance
 from server.errors import InternalError, Unavailable
+from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
-from server.scheduling.batcher import BatchingPolicy, DynamicBatcher, QueuePolicy
+from server.scheduling.batcher import BatchingPolicy, DynamicBatcher, QueuePolicy, _yield_until
 from server.scheduling.job import Job
+from server.scheduling.layout import BatchInputSpec, BatchLayout, ScatterOutput
 from server.scheduling.runner import INLINE_BELOW_S
 
 WIDTH = 4
@@ -553,6 +555,91 @@ def test_multi_batch_different_shape() -> None:
             assert_own_rows(answers[1], 2, 1, width=5)
 
     asyncio.run(scenario())
+
+
+class RaggedInstance(ModelInstance):
+    """A model whose ragged input ``x`` arrives flattened: ``y = 2 * x``, element by element,
+    with the request boundaries in the ``ends`` batch input."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, np.ndarray]] = []
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.calls.append({name: np.array(value, copy=True) for name, value in inputs.items()})
+        time.sleep(WORK_S)
+        return {"y": inputs["x"] * 2}
+
+
+def test_multi_batch_different_shape_allow_ragged() -> None:
+    """test_multi_batch_different_shape_allow_ragged: with ``allow_ragged_batch`` requests of
+    different lengths share a batch; the model sees one flat input and the accumulated element
+    counts, and every request gets its own elements back in its own shape."""
+    instance, clock = RaggedInstance(), FakeClock()
+    layout = BatchLayout(
+        ragged=frozenset({"x"}),
+        batch_inputs=[
+            BatchInputSpec(
+                mc.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT, ("ends",), np.dtype(np.int32), "x"
+            )
+        ],
+        scatter_outputs={"y": ScatterOutput("x", (-1,))},
+    )
+
+    async def scenario() -> None:
+        batcher = DynamicBatcher(
+            "ragged", [instance], triton_policy(preferred_sizes=()), clock=clock, layout=layout
+        )
+        try:
+            jobs = [job(1, width=3), job(2, width=4), job(3, 1, width=5)]
+            tasks = await submit(batcher, *jobs)
+            await settle()
+            assert instance.calls == [], "3 rows wait for the delay (preferred size 8)"
+            await advance(clock, batcher, DELAY_US / 1e6)
+            answers = await results(tasks)
+            assert len(instance.calls) == 1, "the three lengths must share one batch"
+            (call,) = instance.calls
+            assert call["x"].shape == (12,)
+            np.testing.assert_array_equal(call["ends"], [3, 7, 12])
+            for index, answer in enumerate(answers):
+                assert isinstance(answer, dict), answer
+                np.testing.assert_array_equal(answer["y"], 2 * jobs[index].inputs["x"])
+        finally:
+            batcher.close()
+
+    asyncio.run(scenario())
+
+
+async def _queue_time_s(delay_us: int) -> float:
+    """Real time one lone request waits in a batcher with ``delay_us`` (real clock)."""
+    model = FakeModel(work_s=0.0)
+    batcher = DynamicBatcher("timed", model.instances(1), BatchingPolicy(8, (), delay_us))
+    try:
+        request = job(1)
+        await batcher.execute(request)
+        return request.times.queue_ns / 1e9
+    finally:
+        batcher.close()
+
+
+def test_sub_millisecond_delays_are_waited_in_full() -> None:
+    """Loop timers are whole milliseconds (epoll); shorter delays are yielded away, and never
+    cut short."""
+    for delay_us in (200, 700):
+        waited = asyncio.run(_queue_time_s(delay_us))
+        assert waited >= delay_us / 1e6, (delay_us, waited)
+
+
+def test_yield_until_returns_when_woken() -> None:
+    async def scenario() -> float:
+        wake = asyncio.Event()
+        asyncio.get_running_loop().call_soon(wake.set)
+        start = time.perf_counter()
+        await _yield_until(wake, 30.0)
+        return time.perf_counter() - start
+
+    assert asyncio.run(scenario()) < 10.0
 
 
 def test_multi_batch_not_preferred_different_shape() -> None:
