@@ -1,15 +1,28 @@
-"""Benchmark tensorgate's dynamic batcher: the example MLP with batching on and off, in one run.
+"""Benchmark tensorgate's dynamic batcher: MLPs with batching on and off, in one run.
 
-The MLP (256 -> 256 -> 10, FP32) is served twice by one server from two temporary repositories
-holding the same ONNX file: ``mlp_batched`` with ``dynamic_batching { max_queue_delay_microseconds:
-N }`` and ``mlp_direct`` without it, both ``max_batch_size: 32`` and ``instance_group [{ count: 2,
-kind: KIND_CPU }]``. Batch-1 requests ([1,256] FP32) go to each at concurrency 1, 8, 32 and 64 over
-HTTP binary (and gRPC with ``raw_input_contents``), off and on cell after cell, and the table shows
-requests/s, p50/p99 latency, the on/off throughput ratio and, from the statistics extension read
-before and after each timed batched cell, the histogram of executed batch sizes. Figures are for
-people, never a CI gate: on a shared 2-core machine only same-run ratios carry between runs.
+Two models, each served twice by one server from temporary repositories holding the same ONNX
+file: ``<key>_batched`` with ``dynamic_batching { max_queue_delay_microseconds: N }`` and
+``<key>_direct`` without it, both ``max_batch_size: 32`` and ``instance_group [{ count: 2, kind:
+KIND_CPU }]``:
 
-    python scripts/bench_batching.py [--seconds 5] [--delay-us 1000] [--no-grpc] [--json PATH]
+- ``mlp``, the example MLP (256 -> 256 -> 10, FP32): ONNX Runtime runs it in about 15 µs, so a
+  request's cost is nearly all serving (parsing, scheduling, answering), which batching cannot
+  share out;
+- ``wide``, a compute-bearing MLP (4096 -> 4096 -> 10, FP32, 67 MB of weights, generated into
+  the temporary repository): about 3 ms for one row and 11 ms for 32 rows on one core, the kind
+  of model dynamic batching exists for.
+
+The batched models wait up to 1 ms (``mlp``) and 5 ms (``wide``, about a third of a full
+batch's compute) for a batch to fill; ``--delay-us`` sets one delay for both.
+
+Batch-1 requests go to each at concurrency 1, 8, 32 and 64 over HTTP binary (and gRPC with
+``raw_input_contents``), off and on cell after cell, and the tables show requests/s, p50/p99
+latency, the on/off throughput ratio and, from the statistics extension read before and after
+each timed batched cell, the histogram of executed batch sizes. Figures are for people, never a
+CI gate: on a shared 2-core machine only same-run ratios carry between runs.
+
+    python scripts/bench_batching.py [--models mlp,wide] [--seconds 5] [--delay-us N]
+                                     [--no-grpc] [--json PATH]
 
 Target (DESIGN.md "Performance targets", issue 5): at concurrency >= 32, batching on gives >= 3x
 the throughput of batching off, with p99 latency no worse. The server is ``python -m server`` on
@@ -65,8 +78,6 @@ from scripts.bench_http import (
     encode_request,
 )
 
-MODEL_FILE = REPOSITORY / "mlp" / "1" / "model.onnx"
-BATCHED, DIRECT = "mlp_batched", "mlp_direct"
 CONCURRENCIES = (1, 8, 32, 64)
 MAX_BATCH_SIZE = 32
 INSTANCES = 2
@@ -74,12 +85,55 @@ TARGET_RATIO = 3.0  # at concurrency >= TARGET_FROM: on/off throughput, with p99
 TARGET_FROM = 32
 GRPC_TARGET = 5200.0  # DESIGN.md: MLP, gRPC, concurrency 32, dynamic batching (perf_analyzer)
 
+
+@dataclass(frozen=True)
+class BenchModel:
+    """One MLP of the benchmark, served as ``<key>_direct`` and ``<key>_batched``."""
+
+    key: str
+    title: str
+    inputs: int
+    hidden: int
+    outputs: int
+    delay_us: int  # max_queue_delay_microseconds of the batched model, unless --delay-us
+
+    @property
+    def batched(self) -> str:
+        return f"{self.key}_batched"
+
+    @property
+    def direct(self) -> str:
+        return f"{self.key}_direct"
+
+    @property
+    def shape(self) -> str:
+        return f"{self.inputs}→{self.hidden}→{self.outputs}"
+
+    def write_file(self, path: Path) -> Path:
+        """The ONNX file: the example repository's for ``mlp``, generated for the others."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.key == "mlp":
+            shutil.copyfile(REPOSITORY / "mlp" / "1" / "model.onnx", path)
+        else:
+            from scripts import make_models
+
+            make_models.save(make_models.mlp(self.inputs, self.hidden, self.outputs), path)
+        return path
+
+
+MODELS = {
+    "mlp": BenchModel("mlp", "the example MLP", 256, 256, 10, 1000),
+    # About a third of a full batch's compute (~15 ms for 32 rows on one core): long enough
+    # for a batch to fill between executions, short next to what a request waits without it.
+    "wide": BenchModel("wide", "a compute-bearing MLP", 4096, 4096, 10, 5000),
+}
+
 _CONFIG = """\
 name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: {max_batch_size}
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] }} ]
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {inputs} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {outputs} ] }} ]
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 {batching}"""
 
@@ -87,27 +141,33 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 # --- the model repositories and the server --------------------------------------------------
 
 
-def write_repositories(base: Path, delay_us: int) -> list[Path]:
-    """Two repositories under ``base``, one model each: the same ONNX file, batching on / off."""
+def write_repositories(
+    base: Path, model: BenchModel, delay_us: int
+) -> tuple[list[Path], Path]:
+    """Two repositories under ``base`` for ``model``, one model each: the same ONNX file,
+    batching on / off; and the file itself."""
+    model_file = model.write_file(base / f"{model.key}.onnx")
     repositories = []
     for name, batching in (
-        (BATCHED, f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"),
-        (DIRECT, ""),
+        (model.batched, f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"),
+        (model.direct, ""),
     ):
         repository = base / f"repo_{name}"
         version = repository / name / "1"
         version.mkdir(parents=True)
-        shutil.copyfile(MODEL_FILE, version / "model.onnx")
+        (version / "model.onnx").symlink_to(model_file)
         (repository / name / "config.pbtxt").write_text(
             _CONFIG.format(
                 name=name,
                 max_batch_size=MAX_BATCH_SIZE,
+                inputs=model.inputs,
+                outputs=model.outputs,
                 instances=INSTANCES,
                 batching=batching,
             )
         )
         repositories.append(repository)
-    return repositories
+    return repositories, model_file
 
 
 def get_json(address: tuple[str, int], path: str) -> Any:
@@ -302,31 +362,44 @@ def run_one(
             f"server {counters.success_count:,} successes, {counters.inference_count:,} "
             f"inferences, {counters.rows:,} rows in batch_stats"
         )
-    if workload.model == DIRECT and set(counters.executions) - {1}:
+    if workload.model.endswith("_direct") and set(counters.executions) - {1}:
         problems.append(f"batching off executed batches {counters.full()}")
     return Run(sample, problems, counters)
 
 
-def run_cells(endpoints: Endpoints, args: argparse.Namespace) -> tuple[list[Cell], dict[str, Any]]:
-    inputs = {"INPUT0": np.random.default_rng(5).standard_normal((1, 256), dtype=np.float32)}
-    ort1, outputs = ort_baseline(MODEL_FILE, inputs, args.seconds, args.max_requests)
-    batch = {"INPUT0": np.random.default_rng(6).standard_normal((MAX_BATCH_SIZE, 256), np.float32)}
-    ort32, _ = ort_baseline(MODEL_FILE, batch, args.seconds, args.max_requests)
+@dataclass
+class ModelResult:
+    """Every cell of one model, and ONNX Runtime's own speed on it in this process."""
+
+    model: BenchModel
+    cells: list[Cell]
+    ort: dict[str, Sample]
+
+
+def run_cells(
+    endpoints: Endpoints, model: BenchModel, model_file: Path, args: argparse.Namespace
+) -> ModelResult:
+    rng = np.random.default_rng(5)
+    inputs = {"INPUT0": rng.standard_normal((1, model.inputs), dtype=np.float32)}
+    ort1, outputs = ort_baseline(model_file, inputs, args.seconds, args.max_requests)
+    batch = {"INPUT0": rng.standard_normal((MAX_BATCH_SIZE, model.inputs), dtype=np.float32)}
+    ort32, _ = ort_baseline(model_file, batch, args.seconds, args.max_requests)
     expected = {"OUTPUT0": outputs["OUTPUT0"]}
-    if expected["OUTPUT0"].shape != (1, 10) or not np.isfinite(expected["OUTPUT0"]).all():
-        raise RuntimeError(f"ONNX Runtime's own answer looks wrong: {expected['OUTPUT0']!r}")
+    answer = expected["OUTPUT0"]
+    if answer.shape != (1, model.outputs) or not np.isfinite(answer).all():
+        raise RuntimeError(f"ONNX Runtime's own answer looks wrong: {answer!r}")
     workloads = {
-        model: Workload(model, model, True, CONCURRENCIES, inputs, expected, False)
-        for model in (DIRECT, BATCHED)
+        name: Workload(name, name, True, CONCURRENCIES, inputs, expected, False)
+        for name in (model.direct, model.batched)
     }
     protocols = ["HTTP"] + (["gRPC"] if endpoints.grpc is not None else [])
     cells = []
     for protocol in protocols:
         for concurrency in CONCURRENCIES:
-            off = run_one(endpoints, protocol, workloads[DIRECT], concurrency, args)
-            on = run_one(endpoints, protocol, workloads[BATCHED], concurrency, args)
+            off = run_one(endpoints, protocol, workloads[model.direct], concurrency, args)
+            on = run_one(endpoints, protocol, workloads[model.batched], concurrency, args)
             cells.append(Cell(protocol, concurrency, off, on))
-    return cells, {"batch_1": ort1, f"batch_{MAX_BATCH_SIZE}": ort32}
+    return ModelResult(model, cells, {"batch_1": ort1, f"batch_{MAX_BATCH_SIZE}": ort32})
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -363,7 +436,8 @@ def table_rows(cells: list[Cell]) -> list[list[str]]:
     return rows
 
 
-def verdict(cells: list[Cell]) -> list[str]:
+def verdict(result: ModelResult) -> list[str]:
+    cells = result.cells
     lines = []
     for protocol in dict.fromkeys(cell.protocol for cell in cells):
         judged = [c for c in cells if c.protocol == protocol and c.concurrency >= TARGET_FROM]
@@ -377,7 +451,7 @@ def verdict(cells: list[Cell]) -> list[str]:
         )
         lines.append(f"- {protocol}: target **{'met' if met else 'NOT met'}** ({details})")
     grpc32 = [c for c in cells if c.protocol == "gRPC" and c.concurrency == 32]
-    if grpc32:
+    if grpc32 and result.model.key == "mlp":
         rate = grpc32[0].on.sample.rate
         lines.append(
             f"- DESIGN.md also asks ≥ {GRPC_TARGET:,.0f} infer/s for this model over gRPC at "
@@ -387,40 +461,16 @@ def verdict(cells: list[Cell]) -> list[str]:
     return lines
 
 
-def report(
-    cells: list[Cell], ort: dict[str, Sample], facts: dict[str, str], args: argparse.Namespace
-) -> str:
-    pinning = ", ".join(f"{k}=1" for k in PINNED_THREADS)
-    ort1, ort32 = ort["batch_1"], ort[f"batch_{MAX_BATCH_SIZE}"]
+def model_section(result: ModelResult, args: argparse.Namespace) -> list[str]:
+    model = result.model
+    ort1, ort32 = result.ort["batch_1"], result.ort[f"batch_{MAX_BATCH_SIZE}"]
     lines = [
-        "## tensorgate dynamic batching benchmark (MLP 256→256→10 FP32, batch-1 requests)",
+        f"### {model.title}: MLP {model.shape} FP32, [1,{model.inputs}] requests",
         "",
         (
-            f"- models: `{DIRECT}` (no `dynamic_batching`) and `{BATCHED}` (`dynamic_batching "
-            f"{{ max_queue_delay_microseconds: {args.delay_us} }}`, default preferred size "
-            f"[{MAX_BATCH_SIZE}]), both `max_batch_size: {MAX_BATCH_SIZE}`, `instance_group "
-            f"[{{ count: {INSTANCES} kind: KIND_CPU }}]`, same ONNX file, one server"
-        ),
-        (
-            f"- machine: nproc {facts['nproc']} ({facts['cpu']}), Python {facts['python']}, "
-            f"onnxruntime {facts['onnxruntime']}, grpcio {facts['grpcio']}, {facts['platform']};"
-            f" load average {facts['load_average_1min']} at start"
-        ),
-        (
-            f"- thread pinning: {pinning} for the server and this process; server "
-            "`--backend-config=onnxruntime,intra_op_thread_count=1`"
-        ),
-        (
-            "- load: closed loop, requests pre-encoded, [1,256] FP32; HTTP binary over keep-alive "
-            "HTTP/1.1, one connection per concurrency slot, one Python thread; gRPC "
-            "`raw_input_contents`, one channel, one coroutine per slot. **Client and server "
-            f"share the same {facts['nproc']} cores**: every figure includes the client's CPU cost."
-        ),
-        (
-            f"- {args.seconds:g} s per cell after a short warm-up (cap {args.max_requests:,} "
-            "requests); off and on run one after the other at each concurrency; the histogram "
-            "is the delta of `batch_stats` (compute_infer count per batch size) over the timed "
-            "batched run, from `GET /v2/models/mlp_batched/stats`"
+            f"- `{model.direct}` (no `dynamic_batching`) and `{model.batched}` (`dynamic_batching "
+            f"{{ max_queue_delay_microseconds: {delay_us(model, args)} }}`, default preferred size "
+            f"[{MAX_BATCH_SIZE}]); histogram from `GET /v2/models/{model.batched}/stats`"
         ),
         (
             f"- same-run ceiling, ONNX Runtime `run` in-process, 1 thread: batch 1 "
@@ -443,21 +493,21 @@ def report(
                 "on/off",
                 "batch sizes (on)",
             ],
-            table_rows(cells),
+            table_rows(result.cells),
         ),
         "",
         (
             f"Target (DESIGN.md, issue 5): at concurrency ≥ {TARGET_FROM}, batching on ≥ "
             f"{TARGET_RATIO:g}× the throughput of batching off, with p99 no worse. In this run:"
         ),
-        *verdict(cells),
+        *verdict(result),
         "",
         (
             "Checks, CPU per request (server; client = this process) and full batch-size "
             "histograms (size×executions):"
         ),
     ]
-    for cell in cells:
+    for cell in result.cells:
         for label, run in (("off", cell.off), ("on", cell.on)):
             sample = run.sample
             check = (
@@ -471,12 +521,49 @@ def report(
                 f"{fmt_number(sample.client_cpu / max(sample.requests, 1) * 1e6)} µs; "
                 f"{run.counters.execution_count:,} executions: {run.counters.full()}"
             )
+    return lines
+
+
+def report(results: list[ModelResult], facts: dict[str, str], args: argparse.Namespace) -> str:
+    pinning = ", ".join(f"{k}=1" for k in PINNED_THREADS)
+    lines = [
+        "## tensorgate dynamic batching benchmark (batch-1 requests, batching on vs off)",
+        "",
+        (
+            f"- each model served as two models by one server: the same ONNX file, both "
+            f"`max_batch_size: {MAX_BATCH_SIZE}`, `instance_group [{{ count: {INSTANCES} kind: "
+            "KIND_CPU }]`, one with `dynamic_batching` and one without"
+        ),
+        (
+            f"- machine: nproc {facts['nproc']} ({facts['cpu']}), Python {facts['python']}, "
+            f"onnxruntime {facts['onnxruntime']}, grpcio {facts['grpcio']}, {facts['platform']};"
+            f" load average {facts['load_average_1min']} at start"
+        ),
+        (
+            f"- thread pinning: {pinning} for the server and this process; server "
+            "`--backend-config=onnxruntime,intra_op_thread_count=1`"
+        ),
+        (
+            "- load: closed loop, requests pre-encoded; HTTP binary over keep-alive HTTP/1.1, one "
+            "connection per concurrency slot, one Python thread; gRPC `raw_input_contents`, one "
+            "channel, one coroutine per slot. **Client and server share the same "
+            f"{facts['nproc']} cores**: every figure includes the client's CPU cost."
+        ),
+        (
+            f"- {args.seconds:g} s per cell after a short warm-up (cap {args.max_requests:,} "
+            "requests); off and on run one after the other at each concurrency; the histogram "
+            "is the delta of `batch_stats` (compute_infer count per batch size) over the timed "
+            "batched run"
+        ),
+    ]
+    for result in results:
+        lines += ["", *model_section(result, args)]
     return "\n".join(lines)
 
 
-def _run_json(run: Run) -> dict[str, Any]:
+def _run_json(run: Run, payload: int) -> dict[str, Any]:
     return {
-        **run.sample.figures(256 * 4),
+        **run.sample.figures(payload),
         "problems": run.problems,
         "execution_count": run.counters.execution_count,
         "batch_sizes": {str(size): count for size, count in run.counters.executions.items()},
@@ -484,26 +571,33 @@ def _run_json(run: Run) -> dict[str, Any]:
 
 
 def to_json(
-    cells: list[Cell], ort: dict[str, Sample], facts: dict[str, str], args: argparse.Namespace
+    results: list[ModelResult], facts: dict[str, str], args: argparse.Namespace
 ) -> dict[str, Any]:
+    models = {}
+    for result in results:
+        payload = result.model.inputs * 4
+        models[result.model.key] = {
+            "shape": result.model.shape,
+            "max_queue_delay_microseconds": delay_us(result.model, args),
+            "ort": {name: sample.figures(payload) for name, sample in result.ort.items()},
+            "cells": [
+                {
+                    "protocol": cell.protocol,
+                    "concurrency": cell.concurrency,
+                    "ratio": cell.ratio,
+                    "meets_target": cell.meets_target if cell.concurrency >= TARGET_FROM else None,
+                    "off": _run_json(cell.off, payload),
+                    "on": _run_json(cell.on, payload),
+                }
+                for cell in result.cells
+            ],
+        }
     return {
         "machine": facts,
         "thread_pinning": PINNED_THREADS,
         "seconds": args.seconds,
         "max_requests": args.max_requests,
-        "max_queue_delay_microseconds": args.delay_us,
-        "ort": {name: sample.figures(256 * 4) for name, sample in ort.items()},
-        "cells": [
-            {
-                "protocol": cell.protocol,
-                "concurrency": cell.concurrency,
-                "ratio": cell.ratio,
-                "meets_target": cell.meets_target if cell.concurrency >= TARGET_FROM else None,
-                "off": _run_json(cell.off),
-                "on": _run_json(cell.on),
-            }
-            for cell in cells
-        ],
+        "models": models,
     }
 
 
@@ -516,15 +610,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--delay-us",
         type=int,
-        default=1000,
-        help="max_queue_delay_microseconds of the batched model (default 1000)",
+        help="max_queue_delay_microseconds of every batched model (default: per model)",
     )
     parser.add_argument("--no-grpc", dest="grpc", action="store_false", help="HTTP only")
+    parser.add_argument(
+        "--models",
+        type=lambda text: [key.strip() for key in text.split(",") if key.strip()],
+        default=list(MODELS),
+        help=f"comma-separated, from {', '.join(MODELS)} (default: all)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.max_requests <= 0 or args.delay_us < 0:
+    unknown = [key for key in args.models if key not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--models: unknown {unknown}, choose from {', '.join(MODELS)}")
+    if args.seconds <= 0 or args.max_requests <= 0 or (args.delay_us or 0) < 0:
         parser.error("--seconds and --max-requests must be positive, --delay-us not negative")
     return args
+
+
+def delay_us(model: BenchModel, args: argparse.Namespace) -> int:
+    return model.delay_us if args.delay_us is None else int(args.delay_us)
+
+
+def bench_model(
+    model: BenchModel, args: argparse.Namespace, base: Path
+) -> tuple[ModelResult, list[str]]:
+    """Serve ``model`` with batching on and off from one fresh server and measure every cell;
+    the result and what the server logged that deserves a look."""
+    repositories, model_file = write_repositories(base, model, delay_us(model, args))
+    server = ServerUnderTest(repositories=repositories)
+    try:
+        endpoints = Endpoints(
+            server.address, server.grpc_address() if args.grpc else None, server.proc.pid
+        )
+        result = run_cells(endpoints, model, model_file, args)
+    finally:
+        server.stop()
+    return result, server.notable_log_lines()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,24 +655,26 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     facts = {**machine_facts(), "grpcio": grpc.__version__}
-    print(f"max_queue_delay_microseconds of {BATCHED}: {args.delay_us}", flush=True)
+    results = []
+    notable: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench_batching_") as base:
-        server = ServerUnderTest(repositories=write_repositories(Path(base), args.delay_us))
-        try:
-            endpoints = Endpoints(
-                server.address, server.grpc_address() if args.grpc else None, server.proc.pid
-            )
-            cells, ort = run_cells(endpoints, args)
-        finally:
-            server.stop()
-    print(report(cells, ort, facts, args))
-    notable = server.notable_log_lines()
-    print(f"\nServer log during the run: {len(notable)} warning/error/stray lines")
+        for key in args.models:
+            print(f"measuring {key}, delay {delay_us(MODELS[key], args)} µs ...", flush=True)
+            result, lines = bench_model(MODELS[key], args, Path(base))
+            results.append(result)
+            notable += lines
+    print(report(results, facts, args))
+    print(f"\nServer logs during the run: {len(notable)} warning/error/stray lines")
     for line in notable[:20]:
         print(f"    {line}")
     if args.json:
-        args.json.write_text(json.dumps(to_json(cells, ort, facts, args), indent=2) + "\n")
-    failed = any(run.problems or run.sample.errors for cell in cells for run in (cell.off, cell.on))
+        args.json.write_text(json.dumps(to_json(results, facts, args), indent=2) + "\n")
+    failed = any(
+        run.problems or run.sample.errors
+        for result in results
+        for cell in result.cells
+        for run in (cell.off, cell.on)
+    )
     return 1 if failed else 0
 
 

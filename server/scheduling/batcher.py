@@ -7,8 +7,10 @@ request whose non-batch shapes differ from the batch's. With ``max_queue_delay_m
 0 the pending batch goes at once; otherwise it goes when it reaches the largest preferred size
 it can, or when its oldest request has waited the delay. Queue policies bound each level
 (``max_queue_size``) and time requests out (REJECT fails them, DELAY moves them behind the
-fresh ones). Inputs of a batch are gathered into one reused buffer per input (a batch of one is
-passed through as it is); every request gets views of its own rows of the outputs.
+fresh ones). How a batch's inputs are gathered and its outputs split (rows, or Triton's ragged
+inputs, batch inputs and batch outputs) is the model's ``BatchLayout``. Delays shorter than
+``SPIN_BELOW_S`` are waited precisely (``_yield_until``); longer ones may overshoot by up to a
+millisecond, the resolution of the event loop's timers.
 
 All batching state lives on the event loop; only model execution runs on instance threads.
 """
@@ -35,8 +37,8 @@ from server.scheduling.runner import InstanceRunner
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds, monotonic
-#: Shorter waits than this are yielded away (``_yield_until``), longer ones use a loop timer.
-TIMER_GRANULARITY_S = 1e-3
+#: Waits shorter than this are yielded away (``_yield_until``), longer ones use a loop timer.
+SPIN_BELOW_S = 0.5e-3
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ class DynamicBatcher:
                 wait_s = None
             if wait_s is None:
                 await self._wake.wait()
-            elif wait_s < TIMER_GRANULARITY_S:
+            elif wait_s < SPIN_BELOW_S:
                 await _yield_until(self._wake, wait_s)
             else:
                 try:
@@ -429,10 +431,11 @@ class DynamicBatcher:
 
 
 async def _yield_until(wake: asyncio.Event, seconds: float) -> None:
-    """Wait a sub-millisecond time precisely: yield to the event loop until it has passed or
-    ``wake`` is set. The loop's own timers go through epoll, whose timeout is whole
-    milliseconds, so a 100 µs queue delay would last over a millisecond. The loop keeps
-    serving other callbacks meanwhile; the CPU this costs is bounded by the wait itself."""
+    """Wait a short time precisely: yield to the event loop until it has passed or ``wake`` is
+    set. The loop's own timers go through epoll, whose timeout is whole milliseconds, so a
+    100 µs queue delay would last over a millisecond. The loop keeps serving other callbacks
+    meanwhile; the CPU this burns is at most the wait itself, which is why only waits under
+    ``SPIN_BELOW_S`` are spent this way (longer ones overshoot by up to a millisecond)."""
     end = time.perf_counter() + seconds
     while not wake.is_set() and time.perf_counter() < end:
         await asyncio.sleep(0)
