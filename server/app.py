@@ -141,7 +141,9 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
 
 def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:
     server = HTTPServer(
-        make_app(dataplane, settings, HostBufferPool()),
+        make_app(
+            dataplane, settings, HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
+        ),
         # Slack above the limit so that our own check, which answers 400, runs before
         # Tornado's, which just drops the connection (chunked bodies).
         max_body_size=settings.http_max_input_size + _CHUNK_SIZE,

@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, Settings
+from server.settings import (
+    DEFAULT_CUDA_POOL_BYTES,
+    DEFAULT_HTTP_MAX_INPUT_SIZE,
+    DEFAULT_PINNED_POOL_BYTES,
+    Settings,
+)
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -43,6 +48,21 @@ def _backend_config(text: str) -> tuple[str, str, str]:
             f"invalid --backend-config {text!r}: expected <backend>,<key>=<value>"
         )
     return backend, key, value
+
+
+def _cuda_pool(text: str) -> tuple[int, int]:
+    device, sep, size = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        parsed = int(device), int(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --cuda-memory-pool-byte-size {text!r}: expected <gpu>:<bytes>"
+        ) from None
+    if parsed[0] < 0 or parsed[1] < 0:
+        raise argparse.ArgumentTypeError(f"--cuda-memory-pool-byte-size {text!r} is negative")
+    return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--backend-config", type=_backend_config, action="append", default=[],
          metavar="BACKEND,KEY=VALUE",
          help="Backend setting, e.g. onnxruntime,default-max-batch-size=8")
+    flag("--pinned-memory-pool-byte-size", type=int, default=DEFAULT_PINNED_POOL_BYTES,
+         metavar="BYTES",
+         help="Pinned host memory for request and copy buffers when CUDA is present; past it "
+              f"buffers are pageable (default: {DEFAULT_PINNED_POOL_BYTES})")
+    flag("--cuda-memory-pool-byte-size", type=_cuda_pool, action="append", default=[],
+         metavar="GPU:BYTES",
+         help="Device memory pool limit of one GPU; repeatable "
+              f"(default: {DEFAULT_CUDA_POOL_BYTES} per GPU)")
     flag("--log-verbose", type=int, default=0, metavar="N",
          help="Verbose logging level; 0 is off (default: 0)")
     return parser
@@ -116,6 +144,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
+    if args.pinned_memory_pool_byte_size < 0:
+        parser.exit(1, "Error: --pinned-memory-pool-byte-size must not be negative.\n")
     if args.repository_poll_secs <= 0:
         parser.exit(1, "Error: --repository-poll-secs must be greater than 0.\n")
     backend_config: dict[str, dict[str, str]] = {}
@@ -143,4 +173,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
         backend_config=backend_config,
+        pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
+        cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
     )

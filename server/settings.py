@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT_SIZE
+DEFAULT_PINNED_POOL_BYTES = 1 << 28  # 256 MiB, Triton's --pinned-memory-pool-byte-size
+DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool-byte-size
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,12 @@ class Settings:
     exit_timeout_secs: int = 30
     log_verbose: int = 0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
+    cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
+
+    def cuda_pool_bytes(self, device: int) -> int:
+        """The device memory pool limit of GPU ``device``."""
+        return self.cuda_memory_pool_byte_size.get(device, DEFAULT_CUDA_POOL_BYTES)
 
     def backend_option(self, backend: str, key: str, default: str) -> str:
         """A ``--backend-config=<backend>,<key>=<value>`` setting, or ``default``."""

@@ -1,19 +1,35 @@
-"""Reusable host buffers for request bodies, in power-of-two size classes.
+"""Reusable host buffers for request bodies and GPU copies, in power-of-two size classes.
 
 Request bytes are streamed into a buffer from this pool and tensors are numpy views of it, so
-a buffer goes back to the pool only after the response that used it has been written. Without
-CUDA the buffers are page-aligned numpy memory; the CUDA data path issue hands out pinned
-memory through the same interface.
+a buffer goes back to the pool only after the response that used it has been written. With
+CUDA the buffers are pinned (page-locked) memory from CuPy, so host-to-device copies are true
+asynchronous DMA; pinned memory is a scarce, system-wide resource, so the pool allocates at
+most ``pinned_limit`` bytes of it (``--pinned-memory-pool-byte-size``, Triton's 256 MiB) and
+keeps every pinned buffer for reuse. Past that budget, and always without CUDA, buffers are
+page-aligned pageable numpy memory, of which at most ``max_cached_bytes`` are kept free.
+The counters (``stats()``) show steady state: no allocation once the size classes are warm.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from server.cuda.devices import cupy_module
+
+log = logging.getLogger(__name__)
+
 PAGE = 4096
 _MIN_CLASS = 1 << 16  # 64 KiB: smaller bodies share one class
+_WARN_EVERY_S = 60.0  # how often the "pinned budget exhausted" warning may repeat
+
+#: Allocates ``nbytes`` of pinned memory as a uint8 array (which keeps the memory alive).
+PinnedAllocator = Callable[[int], np.ndarray]
 
 
 def _size_class(nbytes: int) -> int:
@@ -27,20 +43,56 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
+def cupy_pinned_allocator() -> PinnedAllocator | None:
+    """CuPy's pinned allocation (``cudaHostAlloc``, page-aligned) when CUDA is usable."""
+    cupy = cupy_module()
+    if cupy is None:
+        return None
+
+    def allocate(nbytes: int) -> np.ndarray:
+        memory = cupy.cuda.alloc_pinned_memory(nbytes)
+        # count=: CuPy's pinned pool may hand out a larger block than asked for.
+        return np.frombuffer(memory, dtype=np.uint8, count=nbytes)
+
+    return allocate
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Where the pool's memory is, and how often it had to allocate."""
+
+    pinned_limit: int  # the pinned budget (0 without CUDA)
+    pinned_total: int  # pinned bytes allocated (in use + free)
+    pinned_used: int  # pinned bytes handed out now
+    pageable_used: int  # pageable bytes handed out now
+    cached_bytes: int  # free bytes kept for reuse (pinned and pageable)
+    allocations: int  # buffers ever allocated
+    reuses: int  # acquisitions served from the free lists
+    pageable_fallbacks: int  # pinned wanted, pageable given (budget exhausted)
+
+
 class HostBuffer:
     """A pooled buffer; ``view`` is sized to the request, ``release()`` returns it once."""
 
-    __slots__ = ("_array", "_pool", "_released", "view")
+    __slots__ = ("_array", "_pool", "_released", "pinned", "view")
 
-    def __init__(self, pool: HostBufferPool | None, array: np.ndarray, nbytes: int) -> None:
+    def __init__(
+        self, pool: HostBufferPool | None, array: np.ndarray, nbytes: int, pinned: bool = False
+    ) -> None:
         self._pool = pool
         self._array = array
+        self.pinned = pinned
         self.view = array.data[:nbytes]
         self._released = False
 
     @property
     def capacity(self) -> int:
         return int(self._array.nbytes)
+
+    @property
+    def array(self) -> np.ndarray:
+        """The whole buffer as uint8 (for copies that need an ndarray, e.g. CuPy's)."""
+        return self._array
 
     def resize(self, nbytes: int) -> None:
         """Make ``view`` cover ``nbytes`` of the buffer (at most its capacity)."""
@@ -56,36 +108,114 @@ class HostBuffer:
         # Views of this memory may outlive the request (tracebacks, logs); they are never read
         # again once the response is written, so the memory can be reused.
         if self._pool is not None:
-            self._pool._give_back(self._array)
+            self._pool._give_back(self._array, self.pinned)
 
 
 class HostBufferPool:
-    """Keeps freed buffers per size class, up to ``max_cached_bytes`` in all."""
+    """Pinned buffers within a budget when CUDA is present, page-aligned pageable ones else."""
 
-    def __init__(self, max_cached_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        max_cached_bytes: int = 256 << 20,
+        pinned_limit: int = 256 << 20,
+        pinned_allocator: PinnedAllocator | None = None,
+    ) -> None:
+        """``pinned_allocator`` defaults to CuPy's when CUDA is usable (else no pinning)."""
         self._max_cached = max_cached_bytes
-        self._cached = 0
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._allocate_pinned = pinned_allocator or cupy_pinned_allocator()
+        self._pinned_limit = pinned_limit if self._allocate_pinned is not None else 0
+        self._free: dict[tuple[int, bool], list[np.ndarray]] = {}
         self._lock = threading.Lock()
+        self._cached = 0
+        self._pinned_total = 0
+        self._pinned_used = 0
+        self._pageable_used = 0
+        self._allocations = 0
+        self._reuses = 0
+        self._fallbacks = 0
+        self._warned_at: float | None = None
+
+    @property
+    def pins(self) -> bool:
+        """Whether this pool hands out pinned memory at all."""
+        return self._pinned_limit > 0
 
     @property
     def cached_bytes(self) -> int:
         return self._cached
 
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(
+                self._pinned_limit,
+                self._pinned_total,
+                self._pinned_used,
+                self._pageable_used,
+                self._cached,
+                self._allocations,
+                self._reuses,
+                self._fallbacks,
+            )
+
     def acquire(self, nbytes: int) -> HostBuffer:
-        """A buffer of at least ``nbytes``, reused when one of its size class is free."""
+        """A buffer of at least ``nbytes``: a free one of its size class when there is one
+        (pinned first), else a new pinned one within the budget, else a pageable one."""
         size = _size_class(nbytes)
         with self._lock:
-            free = self._free.get(size)
-            if free:
-                array = free.pop()
-                self._cached -= size
-                return HostBuffer(self, array, nbytes)
+            for pinned in (True, False):
+                free = self._free.get((size, pinned))
+                if free:
+                    self._cached -= size
+                    self._reuses += 1
+                    self._count_out(size, pinned)
+                    return HostBuffer(self, free.pop(), nbytes, pinned)
+            pin = self._pinned_limit > 0 and self._pinned_total + size <= self._pinned_limit
+            if pin:
+                self._pinned_total += size  # reserved before allocating outside the lock
+            elif self._pinned_limit > 0:
+                self._fallbacks += 1
+                self._warn_exhausted(size)
+            self._allocations += 1
+            self._count_out(size, pin)
+        if pin:
+            assert self._allocate_pinned is not None
+            try:
+                array = self._allocate_pinned(size)
+            except Exception:
+                with self._lock:
+                    self._pinned_total -= size
+                    self._pinned_used -= size
+                raise
+            return HostBuffer(self, array, nbytes, pinned=True)
         return HostBuffer(self, _aligned(size), nbytes)
 
-    def _give_back(self, array: np.ndarray) -> None:
+    def _count_out(self, size: int, pinned: bool) -> None:
+        if pinned:
+            self._pinned_used += size
+        else:
+            self._pageable_used += size
+
+    def _warn_exhausted(self, size: int) -> None:
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "pinned memory pool exhausted (%d of %d bytes in use): a %d-byte buffer is "
+                "pageable memory instead; raise --pinned-memory-pool-byte-size if this repeats",
+                self._pinned_used,
+                self._pinned_limit,
+                size,
+            )
+
+    def _give_back(self, array: np.ndarray, pinned: bool) -> None:
         size = int(array.nbytes)
         with self._lock:
-            if self._cached + size <= self._max_cached:
-                self._free.setdefault(size, []).append(array)
+            if pinned:
+                self._pinned_used -= size
+            else:
+                self._pageable_used -= size
+            # Pinned buffers are bounded by the budget and always kept; pageable ones by the
+            # cache bound.
+            if pinned or self._cached + size <= self._max_cached:
+                self._free.setdefault((size, pinned), []).append(array)
                 self._cached += size

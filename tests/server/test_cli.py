@@ -22,6 +22,8 @@ def test_defaults_match_tritonserver() -> None:
     assert settings.strict_readiness is True
     assert settings.server_id == "triton"
     assert settings.log_verbose == 0
+    assert settings.pinned_memory_pool_byte_size == 256 * 1024 * 1024
+    assert settings.cuda_pool_bytes(0) == settings.cuda_pool_bytes(3) == 64 * 1024 * 1024
 
 
 def test_both_value_forms_and_repeatable_repository() -> None:
@@ -52,7 +54,31 @@ def test_bare_boolean_flag_means_true() -> None:
     assert settings.strict_readiness is True
 
 
-@pytest.mark.parametrize("flag", ["--exit-on-error=maybe", "--http-port=70000", "--http-port=x"])
+def test_memory_pool_flags() -> None:
+    settings = parse_settings(
+        [
+            "--model-repository=/m",
+            "--pinned-memory-pool-byte-size=1048576",
+            "--cuda-memory-pool-byte-size=0:1000",
+            "--cuda-memory-pool-byte-size", "2:2000",
+        ]
+    )
+    assert settings.pinned_memory_pool_byte_size == 1 << 20
+    assert settings.cuda_memory_pool_byte_size == {0: 1000, 2: 2000}
+    assert settings.cuda_pool_bytes(1) == 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--exit-on-error=maybe",
+        "--http-port=70000",
+        "--http-port=x",
+        "--cuda-memory-pool-byte-size=1000",
+        "--cuda-memory-pool-byte-size=a:1",
+        "--cuda-memory-pool-byte-size=0:-5",
+    ],
+)
 def test_bad_values_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_settings(["--model-repository=/m", flag])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
-from server.memory.host_pool import PAGE, HostBufferPool
+from server.memory.host_pool import PAGE, HostBuffer, HostBufferPool
 
 
 def test_buffers_are_page_aligned_and_sized_to_the_request() -> None:
@@ -54,3 +56,85 @@ def test_resize_stays_within_capacity() -> None:
     assert len(buffer.view) == buffer.capacity
     with pytest.raises(ValueError):
         buffer.resize(buffer.capacity + 1)
+
+
+class FakePinned:
+    """Stands in for CuPy's pinned allocation: page-aligned memory it remembers handing out."""
+
+    def __init__(self) -> None:
+        self.addresses: set[int] = set()
+        self.calls = 0
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        self.calls += 1
+        array = np.empty(nbytes + PAGE, dtype=np.uint8)
+        start = -array.ctypes.data % PAGE
+        view = array[start : start + nbytes]
+        self.addresses.add(view.ctypes.data)
+        return view
+
+
+def address(buffer: HostBuffer) -> int:
+    return int(np.frombuffer(buffer.view, np.uint8).ctypes.data)
+
+
+def test_without_cuda_nothing_is_pinned() -> None:
+    pool = HostBufferPool()
+    assert not pool.pins
+    buffer = pool.acquire(10)
+    assert not buffer.pinned
+    assert pool.stats().pinned_limit == 0 and pool.stats().pageable_fallbacks == 0
+
+
+def test_pinned_within_the_budget_then_pageable_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakePinned()
+    pool = HostBufferPool(pinned_limit=1 << 18, pinned_allocator=fake)  # 256 KiB
+    first, second = pool.acquire(1 << 17), pool.acquire(1 << 17)
+    assert first.pinned and second.pinned
+    with caplog.at_level(logging.WARNING, logger="server.memory.host_pool"):
+        third = pool.acquire(1 << 16)
+        fourth = pool.acquire(1 << 16)
+    assert not third.pinned and not fourth.pinned
+    assert address(third) not in fake.addresses
+    warnings = [r for r in caplog.records if "pinned memory pool exhausted" in r.getMessage()]
+    assert len(warnings) == 1, "the warning is rate-limited"
+    stats = pool.stats()
+    assert (stats.pinned_total, stats.pinned_used) == (1 << 18, 1 << 18)
+    assert stats.pageable_used == 2 << 16 and stats.pageable_fallbacks == 2
+    first.release()
+    assert pool.stats().pinned_used == 1 << 17
+    again = pool.acquire(100_000)  # same class as first: its pinned buffer comes back
+    assert again.pinned and address(again) == address(first)
+    assert fake.calls == 2
+
+
+def test_a_failed_pinned_allocation_gives_its_budget_back() -> None:
+    def failing(nbytes: int) -> np.ndarray:
+        raise MemoryError("cudaHostAlloc failed")
+
+    pool = HostBufferPool(pinned_limit=1 << 20, pinned_allocator=failing)
+    with pytest.raises(MemoryError):
+        pool.acquire(10)
+    stats = pool.stats()
+    assert (stats.pinned_total, stats.pinned_used) == (0, 0)
+
+
+def test_steady_state_allocates_nothing() -> None:
+    """10,000 requests of mixed sizes with a few in flight at once: after the first round no
+    buffer is allocated, and nothing is left in use."""
+    fake = FakePinned()
+    pool = HostBufferPool(pinned_limit=64 << 20, pinned_allocator=fake)
+    sizes = [200, 70_000, 1 << 20, 3 << 20]
+    for round_ in range(2_500):
+        held = [pool.acquire(size) for size in sizes]
+        for buffer in held:
+            buffer.release()
+        if round_ == 0:
+            warm = pool.stats().allocations
+    stats = pool.stats()
+    assert stats.allocations == warm == len(sizes)
+    assert stats.reuses == 4 * 2_500 - len(sizes)
+    assert stats.pinned_used == 0 and stats.pageable_used == 0
+    assert fake.calls == len(sizes)
