@@ -72,6 +72,11 @@ class Backend(ABC):
     #: file looked for in a version folder when the config names none, e.g. "model.onnx"
     default_model_filename: str
 
+    def gpu_count(self) -> int:
+        """GPUs this backend can place instances on (KIND_AUTO becomes KIND_GPU on each);
+        0, the default, for CPU-only backends."""
+        return 0
+
     @abstractmethod
     def signature(self, model_path: Path) -> ModelSignature:
         """Read the model's declared inputs and outputs (used to complete a config)."""

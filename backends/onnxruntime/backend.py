@@ -1,8 +1,11 @@
-"""ONNX Runtime backend: one ``InferenceSession`` per model instance, CPU execution provider.
+"""ONNX Runtime backend: one ``InferenceSession`` per model instance.
 
-The CUDA execution provider with IO binding joins through ``Placement`` in the CUDA data path
-issue; until then a KIND_GPU instance is refused at load with a clear error (never a silent CPU
-fallback).
+CPU instances run ``session.run`` on the request's arrays. GPU instances (KIND_GPU, or KIND_AUTO
+on a machine with a GPU and ORT's CUDA execution provider) get a session on the CUDA provider of
+their device, their own CUDA stream as its compute stream, and run through IO binding
+(``iobinding.CudaDevice``). A GPU instance is never silently served by the CPU: without CuPy,
+without the CUDA provider, or when the session comes up on another provider, the load fails
+with a clear error.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import numpy as np
 import onnxruntime as ort
 
 from backends.base import Backend, ModelInstance, ModelSignature, Placement, TensorInfo
+from backends.onnxruntime.iobinding import CudaDevice, IoBindingInstance
 from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
+from server.cuda.devices import device_count, require_cupy
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.memory.device_pool import DevicePools
 from server.protocol import datatypes
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,8 @@ _ORT_TYPES = {
 # Models load on several threads at once; ONNX Runtime session creation is done one at a time
 # (it holds the GIL for most of it anyway, and concurrent creation has had thread-safety bugs).
 _SESSION_CREATION = threading.Lock()
+_CPU_PROVIDER = "CPUExecutionProvider"
+_CUDA_PROVIDER = "CUDAExecutionProvider"
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16; onnx itself is not a runtime dependency
 _GRAPH_LEVELS = {
@@ -71,9 +79,19 @@ class OnnxRuntimeBackend(Backend):
     platform = "onnxruntime_onnx"
     default_model_filename = "model.onnx"
 
-    def __init__(self, options: Mapping[str, str] | None = None) -> None:
-        """``options`` are ``--backend-config=onnxruntime,<key>=<value>`` settings."""
+    def __init__(
+        self, options: Mapping[str, str] | None = None, device_pools: DevicePools | None = None
+    ) -> None:
+        """``options`` are ``--backend-config=onnxruntime,<key>=<value>`` settings;
+        ``device_pools`` hold GPU instances' input buffers (``--cuda-memory-pool-byte-size``)."""
         self._options = dict(options or {})
+        self._device_pools = device_pools or DevicePools(lambda device: 1 << 26)
+
+    def gpu_count(self) -> int:
+        """GPUs usable for KIND_AUTO: CuPy's devices, if this onnxruntime has the CUDA provider."""
+        if _CUDA_PROVIDER not in ort.get_available_providers():
+            return 0
+        return device_count()
 
     def signature(self, model_path: Path) -> ModelSignature:
         options = ort.SessionOptions()
@@ -89,25 +107,58 @@ class OnnxRuntimeBackend(Backend):
         self, model_path: Path, config: mc.ModelConfig, placement: Placement
     ) -> ModelInstance:
         if placement.is_gpu:
-            raise ModelLoadError(
-                f"unable to load model '{config.name}': instance group KIND_GPU needs a CUDA "
-                "device and the CUDA execution provider, which this server does not have"
-            )
+            return self._load_gpu_instance(model_path, config, placement.device_id)
         session = self._session(model_path, self._session_options(config), config.name)
-        signature = ModelSignature(
-            tuple(_tensor_info(arg, config.name) for arg in session.get_inputs()),
-            tuple(_tensor_info(arg, config.name) for arg in session.get_outputs()),
-        )
+        signature = _signature(session, config.name)
         _check_config_matches(config, signature)
         return OnnxRuntimeInstance(session, signature)
 
+    def _load_gpu_instance(
+        self, model_path: Path, config: mc.ModelConfig, device_id: int
+    ) -> ModelInstance:
+        what = f"unable to load model '{config.name}': instance group KIND_GPU"
+        if _CUDA_PROVIDER not in ort.get_available_providers():
+            raise ModelLoadError(
+                f"{what} needs a CUDA device and the CUDA execution provider, which this "
+                "onnxruntime does not have (install the 'gpu' or 'gpu-cuda13' extra)"
+            )
+        cupy = require_cupy(what)
+        if not 0 <= device_id < device_count():
+            raise ModelLoadError(f"{what} asks for GPU {device_id}, which is not available")
+        with cupy.cuda.Device(device_id):
+            stream = cupy.cuda.Stream(non_blocking=True)
+        provider = (
+            _CUDA_PROVIDER,
+            {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)},
+        )
+        session = self._session(
+            model_path, self._session_options(config), config.name, [provider, _CPU_PROVIDER]
+        )
+        if session.get_providers()[0] != _CUDA_PROVIDER:  # ORT falls back to the CPU silently
+            raise ModelLoadError(
+                f"{what}: ONNX Runtime created the session on {session.get_providers()} instead "
+                "of the CUDA execution provider (check the CUDA and cuDNN libraries)"
+            )
+        signature = _signature(session, config.name)
+        _check_config_matches(config, signature)
+        return IoBindingInstance(
+            session,
+            CudaDevice(cupy, device_id, stream, self._device_pools),
+            OnnxRuntimeInstance(session, signature),
+            frozenset(info.name for info in signature.outputs if info.datatype.is_bytes),
+        )
+
     def _session(
-        self, model_path: Path, options: ort.SessionOptions, model: str
+        self,
+        model_path: Path,
+        options: ort.SessionOptions,
+        model: str,
+        providers: list[str | tuple[str, dict[str, str]]] | None = None,
     ) -> ort.InferenceSession:
         try:
             with _SESSION_CREATION:
                 return ort.InferenceSession(
-                    str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+                    str(model_path), sess_options=options, providers=providers or [_CPU_PROVIDER]
                 )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
             raise ModelLoadError(f"unable to load model '{model}': {exc}") from exc
@@ -135,6 +186,13 @@ class OnnxRuntimeBackend(Backend):
                 level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             )
         return options
+
+
+def _signature(session: ort.InferenceSession, model: str) -> ModelSignature:
+    return ModelSignature(
+        tuple(_tensor_info(arg, model) for arg in session.get_inputs()),
+        tuple(_tensor_info(arg, model) for arg in session.get_outputs()),
+    )
 
 
 def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> None:

@@ -119,10 +119,11 @@ def load_model(
     backends: Mapping[str, Backend],
     settings: Settings,
     config_override: mc.ModelConfig | None = None,
-    gpu_count: int = 0,
+    gpu_count: int | None = None,
 ) -> Model:
     """Load every version the policy selects; failures are recorded, not raised.
-    ``config_override`` replaces the folder's ``config.pbtxt`` (load API)."""
+    ``config_override`` replaces the folder's ``config.pbtxt`` (load API); ``gpu_count``
+    overrides the GPUs the model's backend says it can use."""
     model = Model(name=model_dir.name, path=model_dir)
     try:
         config, backend, versions = _prepare_config(
@@ -146,7 +147,7 @@ def _prepare_config(
     backends: Mapping[str, Backend],
     settings: Settings,
     config_override: mc.ModelConfig | None,
-    gpu_count: int,
+    gpu_count: int | None,
 ) -> tuple[mc.ModelConfig, Backend, list[int]]:
     if config_override is not None:
         config = mc.ModelConfig()
@@ -168,7 +169,7 @@ def _prepare_config(
         path = model_dir / str(present[-1]) / config.default_model_filename
         default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
         autocomplete(config, backend.signature(path), default_max)
-    model_config.normalize(config, gpu_count)
+    model_config.normalize(config, backend.gpu_count() if gpu_count is None else gpu_count)
     model_config.validate(config)
     return config, backend, versions
 

@@ -1,0 +1,208 @@
+"""ONNX Runtime through IO binding: inputs bound where the session computes, outputs fetched once.
+
+A ``BoundDevice`` decides where bound tensors live. ``CudaDevice`` is the GPU data path
+(DESIGN.md "The request path"): each input is copied host→device once, asynchronously on the
+instance's own CUDA stream, into a device buffer the instance keeps from batch to batch (taken
+from the GPU's ``DevicePools`` pool, grown when a batch needs more); the stream is synchronised
+before the run (ORT computes on its own stream and knows nothing of ours, the classic
+IO-binding race of gpu-facts §3.3) and the session is also given that stream as its compute
+stream; ORT allocates the outputs on the device (their shapes are only known after the run) and
+each is copied device→host once into pinned memory, with a stream sync before the answers
+leave. ``HostDevice`` binds the caller's host arrays by address, the same code path on a
+machine without a GPU, so CI runs it.
+
+ONNX Runtime cannot bind string tensors (nor make OrtValues of them) from Python, so a run that
+has a BYTES input or asks for a BYTES output goes through the instance's ``fallback`` (plain
+``session.run``, which still computes on the session's provider). BF16 is bound by its ONNX
+element type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+
+from backends.base import ModelInstance
+from backends.onnxruntime.strings import strings_to_bytes
+from server.memory.device_pool import DevicePools
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+# OrtValue.data_type() -> numpy dtype of the values it holds
+_ORT_DTYPES = {
+    "tensor(bool)": np.dtype(np.bool_),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(uint16)": np.dtype(np.uint16),
+    "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(uint64)": np.dtype(np.uint64),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int16)": np.dtype(np.int16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(bfloat16)": _BF16,
+}
+
+
+def element_type(dtype: np.dtype) -> Any:
+    """What ``bind_input``/``bind_output`` take as the element type of ``dtype``."""
+    return _ONNX_BFLOAT16 if dtype == _BF16 else dtype.type
+
+
+def host_value(value: ort.OrtValue) -> np.ndarray:
+    """A host OrtValue as numpy (BF16 through its raw bytes: ORT's numpy bridge has none)."""
+    if value.data_type() == "tensor(bfloat16)":
+        raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+        return np.frombuffer(raw, dtype=_BF16).reshape(value.shape())
+    array = value.numpy()
+    return strings_to_bytes(array) if array.dtype == object else array
+
+
+class BoundDevice(Protocol):
+    """Where one instance's bound tensors live."""
+
+    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+        """Bind ``array`` (C-contiguous, never BYTES) as input ``name``."""
+
+    def bind_output(self, binding: ort.IOBinding, name: str) -> None:
+        """Bind output ``name`` for ORT to allocate."""
+
+    def before_run(self) -> None:
+        """Make every bound input's bytes visible to the session."""
+
+    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
+        """The run's outputs as host arrays, complete when this returns."""
+
+
+class HostDevice:
+    """Bindings by host address: the CPU provider, and the IO-binding path without a GPU."""
+
+    def __init__(self) -> None:
+        self._held: list[np.ndarray] = []
+
+    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+        self._held.append(array)  # the bound address must stay valid until the run ends
+        binding.bind_input(
+            name, "cpu", 0, element_type(array.dtype), list(array.shape), array.ctypes.data
+        )
+
+    def bind_output(self, binding: ort.IOBinding, name: str) -> None:
+        binding.bind_output(name, "cpu")
+
+    def before_run(self) -> None:
+        """Host memory needs no synchronisation."""
+
+    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
+        self._held.clear()
+        return [host_value(value) for value in values]
+
+
+class CudaDevice:
+    """Bindings on one GPU, with the instance's stream and reused device input buffers."""
+
+    def __init__(self, cupy: Any, device_id: int, stream: Any, pools: DevicePools) -> None:
+        self._cupy = cupy
+        self.device_id = device_id
+        self.stream = stream
+        self._pools = pools
+        self._buffers: dict[str, Any] = {}  # input name -> 1-D uint8 device buffer
+
+    def _device_view(self, name: str, array: np.ndarray) -> Any:
+        """A device array shaped like ``array`` on this input's reused buffer."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.nbytes < array.nbytes:
+            capacity = 1 << max(array.nbytes - 1, 1).bit_length()  # grow by powers of two
+            buffer = self._pools.empty(self.device_id, capacity)
+            self._buffers[name] = buffer
+        return buffer[: array.nbytes].view(array.dtype).reshape(array.shape)
+
+    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+        with self._cupy.cuda.Device(self.device_id):
+            view = self._device_view(name, array)
+            view.set(array, stream=self.stream)  # async H2D: a DMA when ``array`` is pinned
+        binding.bind_input(
+            name,
+            "cuda",
+            self.device_id,
+            element_type(array.dtype),
+            list(array.shape),
+            view.data.ptr,
+        )
+
+    def bind_output(self, binding: ort.IOBinding, name: str) -> None:
+        binding.bind_output(name, "cuda", self.device_id)
+
+    def before_run(self) -> None:
+        # The copies were queued on our stream; the session must not read before they land.
+        self.stream.synchronize()
+
+    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
+        cupy = self._cupy
+        results: list[np.ndarray] = []
+        with cupy.cuda.Device(self.device_id):
+            for value in values:
+                if value.device_name().lower() != "cuda":  # strings, CPU-placed outputs
+                    results.append(host_value(value))
+                    continue
+                dtype = _ORT_DTYPES[value.data_type()]
+                shape = tuple(value.shape())
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value)
+                device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
+                host = np.frombuffer(
+                    cupy.cuda.alloc_pinned_memory(max(nbytes, 1)), dtype=dtype, count=device.size
+                ).reshape(shape)
+                device.get(stream=self.stream, out=host, blocking=False)
+                results.append(host)
+            self.stream.synchronize()  # every D2H copy has landed before anyone reads
+        return results
+
+
+class IoBindingInstance(ModelInstance):
+    """One ONNX Runtime session run with ``run_with_iobinding`` on a ``BoundDevice``."""
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        device: BoundDevice,
+        fallback: ModelInstance,
+        string_outputs: frozenset[str] = frozenset(),
+    ) -> None:
+        """``fallback`` runs what cannot be bound: BYTES inputs, or ``string_outputs``."""
+        self._session = session
+        self._device = device
+        self._fallback = fallback
+        self._string_outputs = string_outputs
+        self._binding = session.io_binding()
+
+    @property
+    def device(self) -> BoundDevice:
+        return self._device
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        if self._string_outputs.intersection(output_names) or any(
+            array.dtype == object for array in inputs.values()
+        ):
+            return self._fallback.execute(inputs, output_names)
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        for name, array in inputs.items():
+            self._device.bind_input(binding, name, np.ascontiguousarray(array))
+        names = list(output_names)
+        for name in names:
+            self._device.bind_output(binding, name)
+        self._device.before_run()
+        self._session.run_with_iobinding(binding)
+        outputs = self._device.fetch(binding.get_outputs())
+        return dict(zip(names, outputs, strict=True))
+
