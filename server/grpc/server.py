@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from server.dataplane import DataPlane
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
+from server.memory.host_pool import HostBufferPool
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -49,7 +50,7 @@ def _serialize(message: Message) -> bytes:
 class GrpcServer:
     """Owns the grpc.aio server and keeps the health service in step with readiness."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, pool: HostBufferPool | None = None) -> None:
         self._dataplane = dataplane
         self._server = grpc.aio.server(
             options=[
@@ -59,7 +60,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane)),))
+        self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()
         self.port = 0
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

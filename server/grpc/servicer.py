@@ -23,6 +23,7 @@ from server.errors import (
     to_server_error,
 )
 from server.generated import grpc_service_pb2 as pb
+from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.protocol import grpc_codec
 from server.repository.overrides import FILE_PREFIX
 from server.threads import run_in_thread
@@ -77,8 +78,10 @@ class InferenceServicer:
     """The V2 gRPC service, backed by the same data plane as HTTP. One coroutine per RPC of
     ``inference.GRPCInferenceService``, registered by ``server.grpc.server``."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, pool: HostBufferPool | None = None) -> None:
+        """``pool`` supplies pinned buffers for the raw inputs when the server has a GPU."""
         self._dataplane = dataplane
+        self._pool = pool
 
     @_unary
     async def ServerLive(
@@ -144,15 +147,36 @@ class InferenceServicer:
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
             spec = self._dataplane.model_spec(request.model_name, request.model_version)
-            if size > _DECODE_OFF_LOOP_BYTES:
-                # Typed contents and BYTES elements are converted one by one: off the loop.
-                decoded = await run_in_thread(
-                    None, grpc_codec.decode_request, request, spec, raw
-                )
-            else:
-                decoded = grpc_codec.decode_request(request, spec, raw)
-            response = await self._dataplane.infer(decoded)
-            return grpc_codec.encode_response_bytes(response, final_flag)
+            raw, pinned = self._pinned(raw)
+            try:
+                if size > _DECODE_OFF_LOOP_BYTES:
+                    # Typed contents and BYTES elements are converted one by one: off the loop.
+                    decoded = await run_in_thread(
+                        None, grpc_codec.decode_request, request, spec, raw
+                    )
+                else:
+                    decoded = grpc_codec.decode_request(request, spec, raw)
+                response = await self._dataplane.infer(decoded)
+                # The reply is new bytes: outputs that are views of the inputs are copied now.
+                return grpc_codec.encode_response_bytes(response, final_flag)
+            finally:
+                if pinned is not None:
+                    pinned.release()
+
+    def _pinned(self, raw: list[memoryview]) -> tuple[list[memoryview], HostBuffer | None]:
+        """With a GPU, the raw inputs copied once into one pinned buffer, from which the
+        executor's host-to-device copies are DMA; protobuf's own bytes otherwise."""
+        if self._pool is None or not self._pool.pins or not raw:
+            return raw, None
+        buffer = self._pool.acquire(sum(len(part) for part in raw))
+        views = []
+        offset = 0
+        for part in raw:
+            end = offset + len(part)
+            buffer.view[offset:end] = part
+            views.append(buffer.view[offset:end])
+            offset = end
+        return views, buffer
 
     async def ModelStreamInfer(
         self,

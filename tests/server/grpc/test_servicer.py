@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -26,7 +27,8 @@ from server.errors import (
 from server.generated import model_config_pb2 as mc
 from server.grpc.server import GrpcServer
 from server.grpc.servicer import status_code
-from server.protocol.types import InferRequest, InferResponse
+from server.memory.host_pool import HostBufferPool
+from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
 
 STOPPING = (
@@ -63,6 +65,8 @@ class FakeDataPlane(DataPlane):
         self.hang_ids: set[str] = set()
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
+        self.echo = False
+        self.seen: list[InferRequest] = []
 
     def _fail(self) -> None:
         if self.failure is not None:
@@ -92,6 +96,13 @@ class FakeDataPlane(DataPlane):
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
+        self.seen.append(request)
+        if self.echo:  # identity: the outputs are the request's own input arrays
+            outputs = [
+                OutputTensor(t.name.replace("IN", "OUT"), t.datatype, t.shape, t.data)
+                for t in request.inputs
+            ]
+            return InferResponse(request.model_name, "1", outputs, id=request.id)
         return InferResponse(request.model_name, "1", [], id=request.id)
 
 
@@ -100,10 +111,10 @@ Scenario = Callable[
 ]
 
 
-def _run(scenario: Scenario, ready: bool = True) -> None:
+def _run(scenario: Scenario, ready: bool = True, pool: HostBufferPool | None = None) -> None:
     async def main() -> None:
         plane = FakeDataPlane(ready)
-        server = GrpcServer(plane)
+        server = GrpcServer(plane, pool)
         port = server.bind("127.0.0.1", 0)
         await server.start()
         try:
@@ -279,3 +290,63 @@ def test_stream_ends_with_the_error_when_reading_requests_fails() -> None:
             await asyncio.wait_for(replies.__anext__(), 5)
 
     asyncio.run(scenario())
+
+
+class FakePinned:
+    """CuPy's pinned allocation stand-in: plain memory whose arrays it remembers."""
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        array = np.empty(nbytes, dtype=np.uint8)
+        self.arrays.append(array)
+        return array
+
+
+def test_with_a_gpu_raw_inputs_are_copied_once_into_pinned_memory() -> None:
+    """The raw input bytes reach the data plane in the pool's pinned buffer, the reply carries
+    them intact (also when an output is a view of an input), and the buffer goes back to the
+    pool once the reply is made."""
+    fake = FakePinned()
+    pool = HostBufferPool(pinned_limit=1 << 24, pinned_allocator=fake)
+    a = np.arange(1000, dtype=np.float32)
+    b = np.arange(16, dtype=np.int32)
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = True
+        request = _request("pinned")
+        for name, array, datatype in (("IN0", a, "FP32"), ("IN1", b, "INT32")):
+            request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            request.raw_input_contents.append(array.tobytes())
+        for _ in range(3):
+            reply = await stub.ModelInfer(request)
+            assert reply.raw_output_contents == [a.tobytes(), b.tobytes()]
+            (seen,) = plane.seen
+            plane.seen.clear()
+            (pinned,) = fake.arrays
+            for tensor in seen.inputs:
+                assert np.shares_memory(tensor.data, pinned), tensor.name
+            assert pool.stats().pinned_used == 0
+        assert pool.stats().allocations == 1, "the pinned buffer is reused"
+
+    _run(scenario, pool=pool)
+
+
+def test_without_a_gpu_raw_inputs_stay_where_protobuf_put_them() -> None:
+    pool = HostBufferPool()  # no CUDA here: nothing is pinned
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = True
+        request = _request("plain")
+        request.inputs.add(name="IN0", datatype="INT32", shape=[4])
+        request.raw_input_contents.append(np.arange(4, dtype=np.int32).tobytes())
+        reply = await stub.ModelInfer(request)
+        assert reply.raw_output_contents == [np.arange(4, dtype=np.int32).tobytes()]
+        assert pool.stats().allocations == 0
+
+    _run(scenario, pool=pool)
