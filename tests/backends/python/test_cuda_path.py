@@ -1,0 +1,221 @@
+"""The KIND_GPU path of backends.python against a stand-in for CuPy that records what is done.
+
+CI has no CUDA, so these tests check the order of things rather than CUDA itself: user code
+runs with the instance's device and its own non-blocking stream current, numeric inputs are
+device arrays and BYTES/BF16 stay numpy, device outputs are copied back on that stream, and the
+stream is waited for before ``execute`` returns. gpu_tests/ runs the real thing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from backends.base import ModelInstance, Placement
+from backends.python import cuda
+from backends.python.backend import PythonBackend
+from scripts import make_models
+from server.errors import InternalError, ModelLoadError
+from server.generated import model_config_pb2 as mc
+
+GPU1 = Placement(mc.ModelInstanceGroup.KIND_GPU, 1)
+# Written as a GPU model is: ``import cupy`` (the stand-in here). ``cupy.events`` is the
+# stand-in's log, used to see where finalize runs.
+MODEL = """
+import cupy
+import numpy as np
+
+
+class TensorgateModel:
+    def initialize(self, config):
+        self.placement = config["_instance"]
+        self.scale = cupy.asarray(np.array(2, np.float32))  # a weight uploaded at load
+
+    def execute(self, inputs):
+        if inputs["TEXT"][0, 0] == b"fail":
+            raise ValueError("asked to fail")
+        x = inputs["INPUT0"]
+        kinds = [type(inputs[name]).__name__ for name in ("INPUT0", "TEXT", "HALF")]
+        return {
+            "OUTPUT0": x * self.scale,
+            "TYPES": np.array([",".join(kinds).encode()], dtype=object),
+            "KIND": np.array([str(self.placement).encode()], dtype=object),
+        }
+
+    def finalize(self):
+        cupy.events.append("finalize")
+"""
+
+
+class FakeArray:
+    """A 'device' array: numpy data that numpy refuses to take implicitly, as CuPy does."""
+
+    def __init__(self, data: np.ndarray, events: list[str]) -> None:
+        self.data = data
+        self._events = events
+
+    def __mul__(self, other: FakeArray) -> FakeArray:
+        self._events.append("compute")
+        return FakeArray(self.data * other.data, self._events)
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+
+class FakeCupy:
+    """Just the CuPy surface the backend and MODEL use; every call is appended to ``events``."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.ndarray = FakeArray
+        events = self.events
+
+        class Device:
+            def __init__(self, device_id: int) -> None:
+                self.id = device_id
+
+            def __enter__(self) -> None:
+                events.append(f"device {self.id} on")
+
+            def __exit__(self, *exc: object) -> None:
+                events.append(f"device {self.id} off")
+
+        class Stream:
+            def __init__(self, non_blocking: bool = False) -> None:
+                events.append(f"new stream non_blocking={non_blocking}")
+
+            def __enter__(self) -> None:
+                events.append("stream on")
+
+            def __exit__(self, *exc: object) -> None:
+                events.append("stream off")
+
+            def synchronize(self) -> None:
+                events.append("synchronize")
+
+        self.cuda = SimpleNamespace(Device=Device, Stream=Stream)
+        self._stream_type = Stream
+
+    def asarray(self, array: np.ndarray) -> FakeArray:
+        self.events.append(f"to device {array.dtype}")
+        return FakeArray(np.array(array), self.events)
+
+    def asnumpy(self, value: FakeArray, stream: Any = None) -> np.ndarray:
+        assert isinstance(stream, self._stream_type)
+        self.events.append("to host")
+        return value.data.copy()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCupy:
+    stand_in = FakeCupy()
+    monkeypatch.setattr(cuda, "require_cupy", lambda what: stand_in)
+    monkeypatch.setitem(sys.modules, "cupy", stand_in)
+    return stand_in
+
+
+def _config() -> mc.ModelConfig:
+    return text_format.Parse(
+        'name: "g" backend: "python" max_batch_size: 4 '
+        'input { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } '
+        'input { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } '
+        'input { name: "HALF" data_type: TYPE_BF16 dims: [ 1 ] } '
+        'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } '
+        'output { name: "TYPES" data_type: TYPE_STRING dims: [ 1 ] } '
+        'output { name: "KIND" data_type: TYPE_STRING dims: [ 1 ] }',
+        mc.ModelConfig(),
+    )
+
+
+def _load(tmp_path: Path) -> ModelInstance:
+    path = make_models.write_text(MODEL, tmp_path / "g" / "1" / "model.py")
+    return PythonBackend().load_instance(path, _config(), GPU1)
+
+
+def _inputs(text: bytes) -> dict[str, np.ndarray]:
+    return {
+        "INPUT0": np.full((2, 3), 1.5, np.float32),
+        "TEXT": np.array([[text], [b"b"]], dtype=object),
+        "HALF": np.ones((2, 1), ml_dtypes.bfloat16),
+    }
+
+
+def test_load_runs_user_code_on_the_device_and_stream(tmp_path: Path, fake: FakeCupy) -> None:
+    instance = _load(tmp_path)
+    assert fake.events == [
+        "device 1 on",
+        "new stream non_blocking=True",
+        "device 1 off",
+        "device 1 on",
+        "stream on",
+        "to device float32",  # initialize's upload ...
+        "synchronize",  # ... is done before the first execute
+        "stream off",
+        "device 1 off",
+    ]
+    instance.close()
+
+
+def test_execute_copies_across_on_the_stream_and_waits(tmp_path: Path, fake: FakeCupy) -> None:
+    instance = _load(tmp_path)
+    fake.events.clear()
+    result = instance.execute(_inputs(b"a"), ["OUTPUT0", "TYPES", "KIND"])
+    assert fake.events == [
+        "device 1 on",
+        "stream on",
+        "to device float32",  # INPUT0 only: BYTES and BF16 stay numpy
+        "compute",
+        "to host",
+        "synchronize",
+        "stream off",
+        "device 1 off",
+    ]
+    assert isinstance(result["OUTPUT0"], np.ndarray)
+    np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 3), 3.0, np.float32))
+    assert result["TYPES"].tolist() == [b"FakeArray,ndarray,ndarray"]
+    assert result["KIND"].tolist() == [b"{'kind': 'KIND_GPU', 'device_id': 1}"]
+    fake.events.clear()
+    instance.close()
+    assert fake.events == [
+        "device 1 on", "stream on", "finalize", "synchronize", "stream off", "device 1 off"
+    ]
+
+
+def test_a_user_error_leaves_the_device_and_stream(tmp_path: Path, fake: FakeCupy) -> None:
+    instance = _load(tmp_path)
+    fake.events.clear()
+    with pytest.raises(InternalError, match="model 'g' failed in execute: ValueError: asked to"):
+        instance.execute(_inputs(b"fail"), ["OUTPUT0"])
+    assert fake.events[-2:] == ["stream off", "device 1 off"]
+    assert "synchronize" not in fake.events
+    fake.events.clear()
+    good = instance.execute(_inputs(b"a"), ["OUTPUT0"])  # the instance goes on
+    np.testing.assert_array_equal(good["OUTPUT0"], np.full((2, 3), 3.0, np.float32))
+    instance.close()
+
+
+def test_a_device_array_is_not_taken_implicitly(tmp_path: Path, fake: FakeCupy) -> None:
+    """The stand-in refuses implicit conversion as CuPy does: an output the backend did not copy
+    (here one the user hid in a list) is a clear 500, not a crash."""
+    code = MODEL.replace('"OUTPUT0": x * self.scale', '"OUTPUT0": [x * self.scale]')
+    path = make_models.write_text(code, tmp_path / "g" / "1" / "model.py")
+    instance = PythonBackend().load_instance(path, _config(), GPU1)
+    with pytest.raises(InternalError, match="model 'g' output 'OUTPUT0' is not an array: list"):
+        instance.execute(_inputs(b"a"), ["OUTPUT0"])
+    instance.close()
+
+
+def test_an_unusable_device_fails_the_load(tmp_path: Path, fake: FakeCupy) -> None:
+    def no_device(device_id: int) -> None:
+        raise RuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+
+    fake.cuda = SimpleNamespace(Device=no_device, Stream=None)
+    with pytest.raises(ModelLoadError, match="CUDA device 1 is not usable: cudaErrorInvalid"):
+        _load(tmp_path)
