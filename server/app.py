@@ -11,12 +11,15 @@ from collections.abc import Sequence
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
+from backends.python.backend import PythonBackend
 from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
 from server.http.server import make_app
+from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
 from server.repository.manager import ModelRepository
 from server.settings import Settings
@@ -56,8 +59,15 @@ def _model_table(repository: ModelRepository) -> None:
 
 async def serve(settings: Settings) -> int:
     """Run the server until a stop signal; the process exit code."""
-    backend = OnnxRuntimeBackend(settings.backend_config.get("onnxruntime"))
-    repository = ModelRepository(settings, {backend.name: backend})
+    # ONNX Runtime first: a folder with neither backend nor platform set is tried against each
+    # backend's default file in this order.
+    backends: list[Backend] = [
+        OnnxRuntimeBackend(
+            settings.backend_config.get("onnxruntime"), DevicePools(settings.cuda_pool_bytes)
+        ),
+        PythonBackend(),
+    ]
+    repository = ModelRepository(settings, {backend.name: backend for backend in backends})
     try:
         await repository.load_initial(_initial_models(settings))
     except InferenceServerError as exc:
@@ -71,8 +81,10 @@ async def serve(settings: Settings) -> int:
 
     dataplane = DataPlane(settings, repository)
     try:
-        grpc_server = _bind_grpc(settings, dataplane) if settings.allow_grpc else None
-        http_server = _start_http(settings, dataplane) if settings.allow_http else None
+        # One pool of request buffers for both transports: pinned memory when there is a GPU.
+        pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
+        grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
+        http_server = _start_http(settings, dataplane, pool) if settings.allow_http else None
     except OSError as exc:  # a port in use, an address not ours
         log.error("error: %s", exc)
         await repository.close()
@@ -139,11 +151,9 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
             log.exception("repository poll failed")
 
 
-def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:
+def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> HTTPServer:
     server = HTTPServer(
-        make_app(
-            dataplane, settings, HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
-        ),
+        make_app(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
         # Tornado's, which just drops the connection (chunked bodies).
         max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
@@ -157,8 +167,8 @@ def _start_http(settings: Settings, dataplane: DataPlane) -> HTTPServer:
     return server
 
 
-def _bind_grpc(settings: Settings, dataplane: DataPlane) -> GrpcServer:
-    server = GrpcServer(dataplane)
+def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:
+    server = GrpcServer(dataplane, pool)
     server.bind(settings.grpc_address, settings.grpc_port)
     return server
 

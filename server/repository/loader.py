@@ -98,9 +98,10 @@ def _resolve_backend(
                 chosen = backend
                 break
     if chosen is None:
+        files = " or ".join(f"<version>/{b.default_model_filename}" for b in backends.values())
         raise ModelLoadError(
             f"unable to find a backend for model '{config.name}': set 'backend' or 'platform' "
-            "in config.pbtxt, or provide <version>/model.onnx"
+            f"in config.pbtxt, or provide {files}"
         )
     if config.platform and config.platform != chosen.platform:
         raise ModelLoadError(
