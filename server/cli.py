@@ -65,6 +65,19 @@ def _cuda_pool(text: str) -> tuple[int, int]:
     return parsed
 
 
+_METRICS_CONFIG_KEYS = ("histogram_latencies", "summary_latencies", "counter_latencies")
+
+
+def _metrics_config(text: str) -> tuple[str, bool]:
+    key, eq, value = text.partition("=")
+    if not eq or key not in _METRICS_CONFIG_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"invalid --metrics-config {text!r}: expected one of "
+            f"{', '.join(_METRICS_CONFIG_KEYS)}=true|false"
+        )
+    return key, parse_bool(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorgate",
@@ -98,11 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
          help="gRPC listen address (default: 0.0.0.0)")
     flag("--grpc-port", type=_port, default=8001, metavar="PORT",
          help="gRPC port; 0 picks a free port and logs it (default: 8001)")
-    bool_flag("--allow-metrics", True, "Serve Prometheus metrics (not served yet)")
+    bool_flag("--allow-metrics", True, "Serve Prometheus metrics at /metrics")
+    bool_flag("--allow-gpu-metrics", True, "Export GPU metrics (NVML) when there are GPUs")
+    bool_flag("--allow-cpu-metrics", True, "Export CPU utilization and memory metrics")
     flag("--metrics-address", default=None, metavar="ADDR",
          help="Metrics listen address (default: the HTTP address)")
     flag("--metrics-port", type=_port, default=8002, metavar="PORT",
-         help="Metrics port (accepted; metrics are not served yet) (default: 8002)")
+         help="Metrics port; 0 picks a free port and logs it (default: 8002)")
+    flag("--metrics-interval-ms", type=int, default=2000, metavar="MS",
+         help="How often GPU and CPU metrics are sampled (default: 2000)")
+    flag("--metrics-config", type=_metrics_config, action="append", default=[],
+         metavar="KEY=VALUE",
+         help="histogram_latencies=true adds latency histograms (default: false); repeatable")
     flag("--model-control-mode", choices=("none", "poll", "explicit"), default="none",
          help="none: load every model at start, no load/unload API; poll: also rescan the "
               "repository every --repository-poll-secs; explicit: load only --load-model "
@@ -130,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
          help="Device memory pool limit of one GPU; repeatable "
               f"(default: {DEFAULT_CUDA_POOL_BYTES} per GPU)")
     flag("--log-verbose", type=int, default=0, metavar="N",
-         help="Verbose logging level; 0 is off (default: 0)")
+         help="Verbose logging level; 0 is off, 1 logs every request (default: 0)")
+    flag("--log-format", choices=("default", "ISO8601"), default="default",
+         help="Log line prefix: default (MMDD hh:mm:ss.uuuuuu) or ISO8601 (default: default)")
+    flag("--log-file", default=None, metavar="PATH",
+         help="Write the log to this file instead of standard error")
     return parser
 
 
@@ -144,6 +168,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
+    if args.metrics_interval_ms <= 0:
+        parser.exit(1, "Error: --metrics-interval-ms must be greater than 0.\n")
     if args.pinned_memory_pool_byte_size < 0:
         parser.exit(1, "Error: --pinned-memory-pool-byte-size must not be negative.\n")
     if args.repository_poll_secs <= 0:
@@ -173,6 +199,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
         backend_config=backend_config,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
+        metrics_config=dict(args.metrics_config),
+        log_format=args.log_format,
+        log_file=args.log_file,
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
     )

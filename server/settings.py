@@ -25,6 +25,10 @@ class Settings:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    metrics_config: dict[str, bool] = field(default_factory=dict)  # histogram_latencies, ...
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
     repository_poll_secs: int = 15
@@ -33,6 +37,8 @@ class Settings:
     disable_auto_complete_config: bool = False
     exit_timeout_secs: int = 30
     log_verbose: int = 0
+    log_format: str = "default"  # default | ISO8601
+    log_file: str | None = None
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
