@@ -59,6 +59,8 @@ SERVER_ARGS = (
     # 0.0.0.0:8001 would be public and, with grpcio's SO_REUSEPORT, shared with any other server.
     "--grpc-port=0",
     "--grpc-address=127.0.0.1",
+    "--metrics-port=0",
+    "--metrics-address=127.0.0.1",
     "--backend-config=onnxruntime,intra_op_thread_count=1",
 )
 _STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")

@@ -18,9 +18,12 @@ from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
+from server.http.metrics import make_metrics_app
 from server.http.server import make_app
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
+from server.observability.gpu_metrics import GpuMonitor
+from server.observability.metrics import SystemSampler, render
 from server.repository.manager import ModelRepository
 from server.settings import Settings
 
@@ -85,6 +88,7 @@ async def serve(settings: Settings) -> int:
         pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
         http_server = _start_http(settings, dataplane, pool) if settings.allow_http else None
+        metrics = _start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
     except OSError as exc:  # a port in use, an address not ours
         log.error("error: %s", exc)
         await repository.close()
@@ -118,6 +122,8 @@ async def serve(settings: Settings) -> int:
         poller.cancel()
     if http_server is not None:
         http_server.stop()  # no new connections
+    if metrics is not None:
+        metrics.stop()
     if grpc_server is not None:
         await grpc_server.update_health()
     drained = asyncio.ensure_future(dataplane.gate.wait_idle(settings.exit_timeout_secs))
@@ -139,6 +145,38 @@ async def serve(settings: Settings) -> int:
     await repository.close(None if finished else 0)
     log.info("stopped")
     return 0
+
+
+class _Metrics:
+    """The metrics endpoint and the CPU/GPU sampler feeding it."""
+
+    def __init__(self, server: HTTPServer, sampler: SystemSampler, task: asyncio.Task[None]):
+        self.server = server
+        self.sampler = sampler
+        self.task = task
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.task.cancel()
+        self.sampler.close()
+
+
+def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Metrics:
+    gpu = GpuMonitor.start() if settings.allow_gpu_metrics else None
+    sampler = SystemSampler(settings.allow_cpu_metrics, gpu if gpu and gpu.available else None)
+    histograms = settings.metrics_config.get("histogram_latencies", False)
+
+    def page() -> str:
+        return render(dataplane.metric_entries(), pool.stats(), sampler.latest, histograms)
+
+    server = HTTPServer(make_metrics_app(page))
+    sockets = bind_sockets(settings.metrics_port, settings.metrics_address)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    log.info("Started Metrics Service at %s:%d", settings.metrics_address, port)
+    sampler.sample()  # the first scrape already has CPU and GPU figures
+    task = asyncio.create_task(sampler.run(settings.metrics_interval_ms / 1000))
+    return _Metrics(server, sampler, task)
 
 
 async def _poll_repository(repository: ModelRepository, every_secs: int) -> None:

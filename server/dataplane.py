@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from server import __version__
-from server.errors import InferenceServerError, InternalError, NotFound, Unavailable
+from server.errors import InferenceServerError, InternalError, NotFound, Rejected, Unavailable
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
+from server.observability.metrics import ModelEntry
 from server.observability.statistics import statistics_response
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
@@ -131,8 +132,11 @@ class DataPlane:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
                 outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
-        except Exception:
-            served.stats.record_failure(time.perf_counter_ns() - start)
+        except asyncio.CancelledError:
+            served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
+            raise
+        except Exception as exc:
+            served.stats.record_failure(time.perf_counter_ns() - start, _failure_reason(exc))
             raise
         done = time.perf_counter_ns()
         # Executions (batches) are counted by the scheduler; this counts the request.
@@ -209,6 +213,17 @@ class DataPlane:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return statistics_response(entries)
 
+    def metric_entries(self) -> list[ModelEntry]:
+        """Every READY model version with its counters and queue length, for ``/metrics``."""
+        entries = []
+        for name, model in sorted(self._repository.models.items()):
+            for number, served in sorted(model.versions.items()):
+                if served.state is State.READY and served.scheduler is not None:
+                    entries.append(
+                        ModelEntry(name, str(number), served.stats, served.scheduler.pending)
+                    )
+        return entries
+
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
@@ -229,3 +244,13 @@ def _client_shape(
         return data
     shape = [batch_size, *declared.dims] if batching else list(declared.dims)
     return data.reshape(shape)
+
+
+def _failure_reason(error: Exception) -> str:
+    """The ``reason`` label of a failed request: turned away by the scheduler, a fault of the
+    model or backend, or anything else (bad input, an unloading model)."""
+    if isinstance(error, Rejected):
+        return "REJECTED"
+    if isinstance(error, InternalError):
+        return "BACKEND"
+    return "OTHER"

@@ -71,6 +71,11 @@ class Unavailable(InferenceServerError):
     code = ErrorCode.UNAVAILABLE
 
 
+class Rejected(Unavailable):
+    """The scheduler turned the request away: queue full, or its queue timeout expired (HTTP
+    503, as any Unavailable). Counted as ``reason="REJECTED"`` in the failure metrics."""
+
+
 class Unsupported(InferenceServerError):
     """The request asks for a feature the server does not offer (HTTP 501)."""
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
 _HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
+_METRICS_STARTED = re.compile(r"Started Metrics Service at \S+:(\d+)")
 # One intra-op thread per session: the test machines have two cores.
 DEFAULT_ARGS = ("--backend-config=onnxruntime,intra_op_thread_count=1",)
 
@@ -58,6 +59,7 @@ class ServerProcess:
         self.lines: list[str] = []
         self.port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
         self._want_http = _flag_enabled(args, "--allow-http")
         self._want_grpc = _flag_enabled(args, "--allow-grpc")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -87,6 +89,9 @@ class ServerProcess:
             http_match = _HTTP_STARTED.search(line)
             if http_match and self.port is None:
                 self.port = int(http_match.group(1))
+            metrics_match = _METRICS_STARTED.search(line)
+            if metrics_match and self.metrics_port is None:
+                self.metrics_port = int(metrics_match.group(1))
             grpc_match = _GRPC_STARTED.search(line)
             if grpc_match and self.grpc_port is None:
                 self.grpc_port = int(grpc_match.group(1))
@@ -124,6 +129,20 @@ class ServerProcess:
         """``127.0.0.1:PORT`` of the gRPC service, as ``tritonclient.grpc`` takes it."""
         assert self.grpc_port is not None, self.log
         return f"127.0.0.1:{self.grpc_port}"
+
+    def metrics(self) -> str:
+        """The ``/metrics`` page (the server must have been started with metrics on)."""
+        assert self.metrics_port is not None, self.log
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            body = response.read().decode()
+            assert response.status == 200, (response.status, body)
+            assert response.getheader("Content-Type") == "text/plain; charset=utf-8"
+            return body
+        finally:
+            conn.close()
 
     def request(
         self,
@@ -165,5 +184,6 @@ def start_server(*repositories: Path, args: tuple[str, ...] = (), timeout: float
     come last, so they override these)."""
     argv = [f"--model-repository={repo}" for repo in repositories]
     argv += ["--http-port=0", "--http-address=127.0.0.1"]
-    argv += ["--grpc-port=0", "--grpc-address=127.0.0.1", *DEFAULT_ARGS, *args]
+    argv += ["--grpc-port=0", "--grpc-address=127.0.0.1"]
+    argv += ["--metrics-port=0", "--metrics-address=127.0.0.1", *DEFAULT_ARGS, *args]
     return ServerProcess(argv, timeout)

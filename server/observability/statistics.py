@@ -16,6 +16,7 @@ they need no lock. Code running in worker threads must hand its timings back to 
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +26,27 @@ from server.generated import grpc_service_pb2 as pb
 from server.protocol.proto_json import message_to_json
 
 _NS_PER_MS = 1_000_000
+#: Why a request failed, as Triton's ``nv_inference_request_failure{reason=...}`` tells it.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+#: Upper bounds (µs) of the latency histogram buckets, plus +Inf: 100 µs to 10 s, about 2.5x
+#: apart, so that p50 and p99 of both sub-millisecond and batched requests fall in a bucket.
+LATENCY_BUCKETS_US = (
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 10_000_000,
+)
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Cumulative counts of durations per ``LATENCY_BUCKETS_US`` bucket (the last is +Inf)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_US) + 1))
+    sum_us: float = 0.0
+
+    def add(self, ns: int) -> None:
+        us = max(ns, 0) / 1_000
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_US, us)] += 1
+        self.sum_us += us
 
 
 @dataclass(slots=True)
@@ -68,13 +90,18 @@ class ModelStats:
         "cache_hit",
         "cache_miss",
         "compute_infer",
+        "compute_infer_histogram",
         "compute_input",
         "compute_output",
         "execution_count",
         "fail",
+        "failures",
         "inference_count",
         "last_inference_ms",
+        "load_ns",
         "queue",
+        "queue_histogram",
+        "request_histogram",
         "success",
     )
 
@@ -93,6 +120,12 @@ class ModelStats:
         self.execution_count = 0
         self.last_inference_ms = 0
         self.batch_stats: dict[int, BatchStats] = {}
+        # For the metrics endpoint (the statistics extension has no place for them).
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.request_histogram = LatencyHistogram()
+        self.queue_histogram = LatencyHistogram()
+        self.compute_infer_histogram = LatencyHistogram()
+        self.load_ns = 0  # how long loading this version took
 
     def record_success(
         self,
@@ -116,11 +149,16 @@ class ModelStats:
         self.compute_infer.add(compute_infer_ns)
         self.compute_output.add(compute_output_ns)
         self.inference_count += batch_size
+        self.request_histogram.add(request_ns)
+        self.queue_histogram.add(queue_ns)
+        self.compute_infer_histogram.add(compute_infer_ns)
         self._touch()
 
-    def record_failure(self, request_ns: int) -> None:
-        """Count one request that failed after ``request_ns`` (Triton adds nothing else)."""
+    def record_failure(self, request_ns: int, reason: str = "OTHER") -> None:
+        """Count one request that failed after ``request_ns`` for ``reason`` (one of
+        ``FAILURE_REASONS``; the statistics extension only has the total)."""
         self.fail.add(request_ns)
+        self.failures[reason if reason in self.failures else "OTHER"] += 1
 
     def record_execution(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,7 @@ def _load_version(
         log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
         return result
     instances: list[ModelInstance] = []
+    started = time.perf_counter_ns()
     try:
         for group in config.instance_group:
             devices = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [0]
@@ -212,6 +214,7 @@ def _load_version(
         result.scheduler = DynamicBatcher(name, instances, policy, result.stats, layout=layout)
     else:
         result.scheduler = DirectScheduler(name, instances, result.stats, layout)
+    result.stats.load_ns = time.perf_counter_ns() - started
     result.state = State.READY
     log.info("successfully loaded '%s' version %d", config.name, version)
     return result

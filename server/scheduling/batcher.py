@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.base import ModelInstance
-from server.errors import InternalError, InvalidArgument, Unavailable
+from server.errors import InternalError, InvalidArgument, Rejected, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
@@ -198,7 +198,7 @@ class DynamicBatcher:
         queue_policy = policy.policies.get(level, QueuePolicy())
         queued = len(self._queues[level]) + len(self._delayed[level])
         if queue_policy.max_queue_size and queued >= queue_policy.max_queue_size:
-            raise Unavailable(
+            raise Rejected(
                 f"inference request for model '{self._name}' was rejected: Exceeds maximum "
                 "queue size"
             )
@@ -300,7 +300,7 @@ class DynamicBatcher:
                         pending.deadline = None
                         self._delayed[level].append(pending)
                     else:
-                        self._fail(pending, Unavailable("Request timeout expired"))
+                        self._fail(pending, Rejected("Request timeout expired"))
                 else:
                     nearest = _earliest(nearest, pending.deadline - now)
         return nearest

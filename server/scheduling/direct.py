@@ -36,6 +36,12 @@ class DirectScheduler:
             InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
         self._free: asyncio.Queue[InstanceRunner] | None = None
+        self._waiting = 0
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a free instance."""
+        return self._waiting
 
     def _free_queue(self) -> asyncio.Queue[InstanceRunner]:
         # Created on first use so that it belongs to the serving event loop.
@@ -50,7 +56,11 @@ class DirectScheduler:
         receives how long it waited for the instance and how long it ran."""
         free = self._free_queue()
         queued = time.perf_counter_ns()
-        runner = await free.get()
+        self._waiting += 1
+        try:
+            runner = await free.get()
+        finally:
+            self._waiting -= 1
         started = time.perf_counter_ns()
         try:
             if self._layout.plain:

@@ -30,6 +30,10 @@ class Scheduler(Protocol):
     async def execute(self, job: Job) -> dict[str, np.ndarray]:
         """Run the job (maybe batched with others) and return its outputs."""
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting to start executing (Triton's pending request count)."""
+
     def close(self, wait: bool = True) -> None:
         """Stop the instances' worker threads and release the instances (called on the
         event loop, once no request is running; ``wait=False`` when stopping by force)."""
