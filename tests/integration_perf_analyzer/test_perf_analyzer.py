@@ -8,7 +8,9 @@ perf_analyzer reads the model metadata and configuration, ``GET /v2`` (server me
 server-side statistics unless ``statistics`` is listed in ``extensions``) and then sends inference
 requests with random input data, one connection per concurrency slot. The measurement is bounded:
 one-second windows, exactly three per concurrency level, stability only loosely required (this is a
-compatibility check, not a benchmark).
+compatibility check, not a benchmark). Covered: HTTP and gRPC; a batched model with ``-b`` > 1 and
+a dynamically batched one; a model without batching; a BYTES model (perf_analyzer's random
+strings); ``--collect-metrics`` against the metrics endpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import make_models
 from tests.server_process import EXAMPLES, ROOT, ServerProcess, start_server
 
 PERF_ANALYZER = Path(
@@ -45,8 +48,11 @@ _TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    process = start_server(EXAMPLES)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    extra = tmp_path_factory.mktemp("perf_analyzer_repo")
+    # No batching: a fixed first dim, so the config is completed with max_batch_size 0.
+    make_models.save(make_models.identity("FP32", [16]), extra / "unbatched" / "1" / "model.onnx")
+    process = start_server(EXAMPLES, extra)
     assert process.port is not None and process.grpc_port is not None, process.log
     yield process
     process.stop()
@@ -80,3 +86,47 @@ def test_perf_analyzer_measures_simple(server: ServerProcess, protocol: str) -> 
     assert all(value > 0 for value in throughputs), report
     assert "infer/sec" in result.stdout, report
     assert server.proc.poll() is None, report
+
+
+@pytest.mark.parametrize(
+    ("model", "protocol", "extra"),
+    [
+        ("simple", "http", ("-b", "4")),
+        ("mlp", "grpc", ("-b", "2")),
+        ("unbatched", "grpc", ()),
+        ("identity_bytes", "grpc", ("--shape", "INPUT0:4")),
+        ("identity_bytes", "http", ("--shape", "INPUT0:4")),
+    ],
+)
+def test_perf_analyzer_model_kinds(
+    server: ServerProcess, model: str, protocol: str, extra: tuple[str, ...]
+) -> None:
+    port = server.grpc_port if protocol == "grpc" else server.port
+    result = _perf_analyzer(
+        "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, *extra,
+        "--concurrency-range=1:1", *_MEASUREMENT[1:],
+    )
+    report = f"perf_analyzer exited {result.returncode}:\n{result.stdout}\n--- server log ---\n{server.log}"
+    assert result.returncode == 0, report
+    (throughput,) = [float(value) for value in _THROUGHPUT.findall(result.stdout)]
+    assert throughput > 0, report
+    batch = int(extra[1]) if extra[:1] == ("-b",) else 1
+    assert f"Batch size: {batch}" in result.stdout, report
+    # The server-side breakdown comes from the statistics extension.
+    assert "Successful request count:" in result.stdout, report
+    assert server.proc.poll() is None, report
+
+
+def test_perf_analyzer_collects_metrics(server: ServerProcess) -> None:
+    """``--collect-metrics`` scrapes /metrics; on a machine without GPUs perf_analyzer, as with
+    Triton, only warns that the GPU gauges are absent."""
+    assert server.metrics_port is not None
+    result = _perf_analyzer(
+        "-m", "simple", "-u", f"127.0.0.1:{server.port}", "-i", "http",
+        "--collect-metrics", f"--metrics-url=http://127.0.0.1:{server.metrics_port}/metrics",
+        "--metrics-interval=500", "--concurrency-range=1:1", *_MEASUREMENT[1:],
+    )
+    report = f"perf_analyzer exited {result.returncode}:\n{result.stdout}"
+    assert result.returncode == 0, report
+    assert "Server-side metrics" in result.stdout or "GPU" in result.stdout, report
+    assert len(_THROUGHPUT.findall(result.stdout)) == 1, report
