@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from collections.abc import Sequence
 
 from tornado.httpserver import HTTPServer
@@ -14,6 +13,7 @@ from tornado.netutil import bind_sockets
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
+from server import logs
 from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
@@ -32,16 +32,6 @@ log = logging.getLogger("server")
 _CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
 _CLOSE_TIMEOUT_SECS = 5  # for connections to close once requests are done
 _IDLE_TIMEOUT_SECS = 300  # Tornado's default keeps an idle keep-alive connection for an hour
-
-
-def _configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if settings.log_verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
-        stream=sys.stderr,
-    )
-    if settings.log_verbose == 0:
-        logging.getLogger("tornado.access").setLevel(logging.WARNING)
 
 
 def _initial_models(settings: Settings) -> list[str] | None:
@@ -214,5 +204,5 @@ def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: ``tensorgate --model-repository=PATH ...``."""
     settings = parse_settings(argv)
-    _configure_logging(settings)
+    logs.configure(settings)
     return asyncio.run(serve(settings))

@@ -134,9 +134,11 @@ class DataPlane:
                 outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
+            self._log_request(request, served, "CANCELED", start)
             raise
         except Exception as exc:
             served.stats.record_failure(time.perf_counter_ns() - start, _failure_reason(exc))
+            self._log_failure(request, served, exc, start)
             raise
         done = time.perf_counter_ns()
         # Executions (batches) are counted by the scheduler; this counts the request.
@@ -148,12 +150,37 @@ class DataPlane:
             done - executed_at,
             prepared.batch_size,
         )
+        self._log_request(request, served, "OK", start)
         return InferResponse(
             model_name=spec.name,
             model_version=str(served.version),
             outputs=outputs,
             id=request.id,
         )
+
+    def _log_request(
+        self, request: InferRequest, served: ModelVersion, status: str, start: int
+    ) -> None:
+        """``--log-verbose`` ≥ 1: one line per request."""
+        if self._settings.log_verbose >= 1:
+            log.info(
+                "infer model=%s version=%d id=%r status=%s duration_us=%d",
+                served.name, served.version, request.id or "", status,
+                (time.perf_counter_ns() - start) // 1000,
+            )
+
+    def _log_failure(
+        self, request: InferRequest, served: ModelVersion, error: Exception, start: int
+    ) -> None:
+        """Every failed request is logged with its id, server faults as warnings (the
+        transport that answers them logs their traceback); at verbose ≥ 1 the per-request
+        line follows."""
+        log.log(
+            logging.WARNING if isinstance(error, InternalError) else logging.INFO,
+            "request id %r to model '%s' version %d failed: %s",
+            request.id or "", served.name, served.version, error,
+        )
+        self._log_request(request, served, type(error).__name__, start)
 
     async def _execute(
         self,

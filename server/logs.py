@@ -1,0 +1,56 @@
+"""Log set-up with tritonserver's flags: ``--log-verbose``, ``--log-format``, ``--log-file``.
+
+Lines start the way Triton's do, so log tooling written for Triton keeps working:
+``default`` is ``I1130 06:17:13.123456 4242 name] message`` (severity letter, month and day,
+time with microseconds, process id, source), ``ISO8601`` is
+``2026-11-30T06:17:13Z I 4242 name] message``. Verbose level 1 adds one line per inference
+request (``server.dataplane``) and Tornado's access log; level 0 keeps INFO and above.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from server.settings import Settings
+
+
+class TritonFormatter(logging.Formatter):
+    """``default`` or ``ISO8601`` prefixes; tracebacks as the standard formatter adds them."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self._iso = style == "ISO8601"
+
+    def format(self, record: logging.LogRecord) -> str:
+        letter = record.levelname[:1]
+        if self._iso:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+            prefix = f"{stamp} {letter} {record.process} {record.name}]"
+        else:
+            local = time.localtime(record.created)
+            micros = int((record.created % 1) * 1_000_000)
+            stamp = time.strftime("%m%d %H:%M:%S", local)
+            prefix = f"{letter}{stamp}.{micros:06d} {record.process} {record.name}]"
+        text = f"{prefix} {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure(settings: Settings) -> None:
+    """Route the root logger to standard error or ``--log-file``, at the verbosity asked."""
+    handler: logging.Handler = (
+        logging.FileHandler(settings.log_file, encoding="utf-8")
+        if settings.log_file
+        else logging.StreamHandler(sys.stderr)
+    )
+    handler.setFormatter(TritonFormatter(settings.log_format))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if settings.log_verbose > 0 else logging.INFO)
+    if settings.log_verbose == 0:
+        logging.getLogger("tornado.access").setLevel(logging.WARNING)

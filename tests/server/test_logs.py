@@ -1,0 +1,107 @@
+"""Logging flags: Triton-style line prefixes, ``--log-file``, one line per request at
+``--log-verbose=1``, and failed requests logged with their id at the default verbosity."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from server.logs import TritonFormatter
+from tests.server_process import EXAMPLES, ROOT, start_server
+
+_DEFAULT = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ server\.test\] hello 42$")
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ W \d+ server\.test\] hello 42$")
+
+
+def _record(level: int) -> logging.LogRecord:
+    return logging.LogRecord("server.test", level, __file__, 1, "hello %d", (42,), None)
+
+
+def test_prefixes_follow_tritons_formats() -> None:
+    assert _DEFAULT.match(TritonFormatter("default").format(_record(logging.INFO)))
+    assert _ISO.match(TritonFormatter("ISO8601").format(_record(logging.WARNING)))
+
+
+def test_tracebacks_are_kept() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = _record(logging.ERROR)
+        record.exc_info = sys.exc_info()
+    text = TritonFormatter("default").format(record)
+    assert text.startswith("E") and "ValueError: boom" in text and "Traceback" in text
+
+
+def _infer_body(request_id: str, output: str = "OUTPUT0") -> bytes:
+    return json.dumps(
+        {
+            "id": request_id,
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+            ],
+            "outputs": [{"name": output}],
+        }
+    ).encode()
+
+
+def test_failed_requests_are_logged_with_their_id() -> None:
+    server = start_server(EXAMPLES)
+    try:
+        status, _, _ = server.request(
+            "POST", "/v2/models/simple/infer", _infer_body("req-7", output="NOPE")
+        )
+        assert status == 400
+        deadline = time.monotonic() + 5
+        while "req-7" not in server.log and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "request id 'req-7' to model 'simple' version 1 failed" in server.log
+        assert "infer model=" not in server.log, "per-request lines need --log-verbose=1"
+    finally:
+        server.stop()
+
+
+def test_log_file_with_verbose_request_lines(tmp_path: Path) -> None:
+    log_file = tmp_path / "server.log"
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "server", f"--model-repository={EXAMPLES}",
+            "--http-port=0", "--http-address=127.0.0.1", "--allow-grpc=false",
+            "--allow-metrics=false", "--log-verbose=1", "--log-format=ISO8601",
+            f"--log-file={log_file}",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None:
+            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
+            match = re.search(r"Started HTTPService at \S+:(\d+)", log_file.read_text()
+                              if log_file.exists() else "")
+            port = int(match.group(1)) if match else None
+            time.sleep(0.05)
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/v2/models/simple/infer", _infer_body("req-9"))
+        assert connection.getresponse().status == 200
+        connection.close()
+        deadline = time.monotonic() + 5
+        while "id='req-9'" not in log_file.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = log_file.read_text()
+        assert re.search(r"infer model=simple version=1 id='req-9' status=OK duration_us=\d+", text)
+        first = text.splitlines()[0]
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IDW] \d+ ", first), first
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "Started HTTPService" not in output, "with --log-file nothing goes to the console"
