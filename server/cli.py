@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--backend-config", type=_backend_config, action="append", default=[],
          metavar="BACKEND,KEY=VALUE",
          help="Backend setting, e.g. onnxruntime,default-max-batch-size=8")
+    bool_flag("--allow-client-shm", False,
+              "Let clients register system and CUDA shared memory regions")
     flag("--pinned-memory-pool-byte-size", type=int, default=DEFAULT_PINNED_POOL_BYTES,
          metavar="BYTES",
          help="Pinned host memory for request and copy buffers when CUDA is present; past it "
@@ -205,6 +207,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         metrics_config=dict(args.metrics_config),
         log_format=args.log_format,
         log_file=args.log_file,
+        allow_client_shm=args.allow_client_shm,
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
     )

@@ -14,12 +14,22 @@ from typing import Any, TypeVar
 import numpy as np
 
 from server import __version__
-from server.errors import InferenceServerError, InternalError, NotFound, Rejected, Unavailable
+from server.errors import (
+    InferenceServerError,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    Rejected,
+    Unavailable,
+)
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
+from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
 from server.observability.metrics import ModelEntry
 from server.observability.statistics import statistics_response
+from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.model_spec import ModelSpec, TensorSpec
+from server.protocol.shapes import element_count
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.protocol.validation import validate
 from server.repository.config import parse_json_config
@@ -41,6 +51,7 @@ EXTENSIONS = (
     "schedule_policy",
     "parameters",
     "statistics",
+    "system_shared_memory",
 )
 
 
@@ -60,6 +71,7 @@ class DataPlane:
         self._repository = repository
         self._live = False
         self.gate = RequestGate()
+        self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
 
     def set_live(self, live: bool) -> None:
         self._live = live
@@ -77,7 +89,10 @@ class DataPlane:
         return {
             "name": self._settings.server_id,
             "version": __version__,
-            "extensions": list(EXTENSIONS),
+            "extensions": [
+                *EXTENSIONS,
+                *(["cuda_shared_memory"] if self.shared_memory.cuda_available else []),
+            ],
         }
 
     def model_ready(self, name: str, version: str) -> bool:
@@ -108,11 +123,23 @@ class DataPlane:
         return _required(self._repository.version(name, version).config)
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, run and package one request, and count it in the version's statistics."""
+        """Validate, run and package one request, and count it in the version's statistics.
+        Shared memory regions the request names stay mapped until it is answered."""
+        regions = {t.shared_memory.region for t in request.inputs if t.shared_memory} | {
+            o.shared_memory.region for o in request.outputs or () if o.shared_memory
+        }
+        if not regions:
+            return await self._infer(request, None)
+        with self.shared_memory.lease(regions) as lease:
+            return await self._infer(request, lease)
+
+    async def _infer(self, request: InferRequest, lease: RegionLease | None) -> InferResponse:
         start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
         try:
+            if lease is not None:
+                _read_shared_inputs(request, lease)
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
             job = Job(
@@ -132,6 +159,8 @@ class DataPlane:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
                 outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
+            if lease is not None:
+                _write_shared_outputs(request, outputs, lease)
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
             self._log_request(request, served, "CANCELED", start)
@@ -271,6 +300,42 @@ def _client_shape(
         return data
     shape = [batch_size, *declared.dims] if batching else list(declared.dims)
     return data.reshape(shape)
+
+
+def _read_shared_inputs(request: InferRequest, lease: RegionLease) -> None:
+    """Give every input named in a shared memory region its data: a view of the region."""
+    for tensor in request.inputs:
+        ref = tensor.shared_memory
+        if ref is None:
+            continue
+        if not tensor.datatype.is_bytes:
+            expected = element_count(tensor.shape) * tensor.datatype.itemsize
+            if ref.byte_size != expected:
+                raise InvalidArgument(
+                    f"input byte size mismatch for input '{tensor.name}' for model "
+                    f"'{request.model_name}'. Expected {expected}, got {ref.byte_size}"
+                )
+        view = lease.read(ref.region, ref.offset, ref.byte_size, tensor.name)
+        tensor.data = tensor_from_bytes(
+            view, tensor.datatype, tensor.shape, tensor.name, request.model_name
+        )
+
+
+def _write_shared_outputs(
+    request: InferRequest, outputs: list[OutputTensor], lease: RegionLease
+) -> None:
+    """Write the outputs asked for in shared memory into their regions, and copy any other
+    output that is a view of an input region: the region may be unmapped once the request is
+    done, before the response is written."""
+    wanted = {o.name: o.shared_memory for o in request.outputs or () if o.shared_memory}
+    for output in outputs:
+        ref = wanted.get(output.name)
+        if ref is not None:
+            blob = tensor_to_bytes(output.data, output.datatype)
+            lease.write(ref.region, ref.offset, ref.byte_size, output.name, blob)
+            output.shared_memory = ref
+        elif lease.holds(output.data):
+            output.data = output.data.copy()
 
 
 def _failure_reason(error: Exception) -> str:

@@ -40,6 +40,7 @@ class Settings:
     log_format: str = "default"  # default | ISO8601
     log_file: str | None = None
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    allow_client_shm: bool = False  # Triton's current default
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
 

@@ -273,11 +273,59 @@ class InferenceServicer:
     ) -> pb.RepositoryModelUnloadResponse:
         await self._dataplane.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
-    SystemSharedMemoryStatus = _not_yet("SystemSharedMemoryStatus", "shared memory issue")
-    SystemSharedMemoryRegister = _not_yet("SystemSharedMemoryRegister", "shared memory issue")
-    SystemSharedMemoryUnregister = _not_yet("SystemSharedMemoryUnregister", "shared memory issue")
-    CudaSharedMemoryStatus = _not_yet("CudaSharedMemoryStatus", "shared memory issue")
-    CudaSharedMemoryRegister = _not_yet("CudaSharedMemoryRegister", "shared memory issue")
-    CudaSharedMemoryUnregister = _not_yet("CudaSharedMemoryUnregister", "shared memory issue")
+    @_unary
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for entry in self._dataplane.shared_memory.status("system", request.name):
+            response.regions[entry["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response
+
+    @_unary
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dataplane.shared_memory.register_system(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_unary
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._dataplane.shared_memory.unregister("system", request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for entry in self._dataplane.shared_memory.status("cuda", request.name):
+            response.regions[entry["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response
+
+    @_unary
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dataplane.shared_memory.register_cuda(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dataplane.shared_memory.unregister("cuda", request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     TraceSetting = _not_yet("TraceSetting", "trace extension")
     LogSettings = _not_yet("LogSettings", "logging extension")

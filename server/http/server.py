@@ -20,10 +20,14 @@ from server.http.repository import (
     RepositoryLoadHandler,
     StatisticsHandler,
 )
+from server.http.shared_memory import SharedMemoryHandler
 from server.memory.host_pool import HostBufferPool
 from server.settings import Settings
 
 _MODEL = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+_SHARED_MEMORY = (
+    r"/v2/(systemsharedmemory|cudasharedmemory)(?:/region/([^/]+))?/(status|register|unregister)"
+)
 
 
 def make_app(dataplane: DataPlane, settings: Settings, pool: HostBufferPool) -> tornado.web.Application:
@@ -37,6 +41,7 @@ def make_app(dataplane: DataPlane, settings: Settings, pool: HostBufferPool) -> 
             (r"/v2/repository(?:/[^/]+)?/index", RepositoryIndexHandler, common),
             (r"/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)", RepositoryLoadHandler, common),
             (r"/v2/models/stats", StatisticsHandler, common),
+            (_SHARED_MEMORY, SharedMemoryHandler, common),
             (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),
             (_MODEL + r"/config", ModelConfigHandler, common),

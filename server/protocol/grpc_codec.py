@@ -22,6 +22,8 @@ from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count, reshape
+from server.protocol.shared_memory_params import KEYS as SHM_KEYS
+from server.protocol.shared_memory_params import shared_memory_ref
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 from server.protocol.validation import check_input
 
@@ -29,7 +31,8 @@ from server.protocol.validation import check_input
 #: non-decoupled model).
 ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
 FINAL_RESPONSE = "triton_final_response"
-_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+#: The data of an input in shared memory until the data plane reads it from the region.
+_PENDING = np.empty(0, dtype=np.uint8)
 
 # datatype name -> the InferTensorContents field that carries it
 _CONTENTS_FIELD = {
@@ -84,19 +87,27 @@ def decode_request(
     """
     model = msg.model_name
     raw = raw_contents if raw_contents is not None else msg.raw_input_contents
+    # Inputs in shared memory have no raw_input_contents entry: the others have one each.
+    in_band = [
+        index
+        for index, tensor in enumerate(msg.inputs)
+        if not any(key in tensor.parameters for key in SHM_KEYS)
+    ]
     if raw:
         if any(tensor.HasField("contents") for tensor in msg.inputs):
             raise InvalidArgument(
                 "contents field must not be specified when using raw_input_contents for "
                 f"model '{model}'"
             )
-        if len(raw) != len(msg.inputs):
+        if len(raw) != len(in_band):
             raise InvalidArgument(
-                f"expected {len(msg.inputs)} raw input contents for model '{model}', got "
-                f"{len(raw)}: raw_input_contents must hold one entry per input, in order"
+                f"expected {len(in_band)} raw input contents for model '{model}', got "
+                f"{len(raw)}: raw_input_contents must hold one entry per input not in shared "
+                "memory, in order"
             )
+    raw_of = dict(zip(in_band, raw, strict=True)) if raw else {}
     inputs = [
-        _decode_input(tensor, raw[index] if raw else None, model, spec)
+        _decode_input(tensor, raw_of.get(index), model, spec)
         for index, tensor in enumerate(msg.inputs)
     ]
     outputs = [_decode_output(output) for output in msg.outputs] or None
@@ -126,8 +137,13 @@ def _decode_input(
     if spec is not None:
         check_input(spec, name, datatype, shape)
     params = _parameters(tensor.parameters, f"input '{name}'")
-    if any(key in params for key in _SHARED_MEMORY_KEYS):
-        raise Unsupported("shared memory inputs are not supported yet (shared memory issue)")
+    region = shared_memory_ref(params, f"input '{name}'")
+    if region is not None:
+        if tensor.HasField("contents"):
+            raise InvalidArgument(
+                f"input '{name}' sets 'shared_memory_region' and also carries contents"
+            )
+        return InputTensor(name, datatype, shape, _PENDING, params, region)
     if raw is not None:
         data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model)
     else:
@@ -185,11 +201,9 @@ def _narrowed(values: Iterable[int], datatype: DataType, name: str) -> np.ndarra
 
 def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
     params = _parameters(output.parameters, f"output '{output.name}'")
-    if any(key in params for key in _SHARED_MEMORY_KEYS):
-        raise Unsupported("shared memory outputs are not supported yet (shared memory issue)")
     if "classification" in params:
         raise Unsupported("the classification extension is not supported")
-    return RequestedOutput(output.name, params)
+    return RequestedOutput(output.name, params, shared_memory_ref(params, f"output '{output.name}'"))
 
 
 # --- Wire-level fast path -------------------------------------------------------------------
@@ -276,6 +290,9 @@ def encode_response_bytes(response: InferResponse, final_flag: bool = False) -> 
     parts: list[bytes | memoryview] = []
     for output in response.outputs:
         header.outputs.add(name=output.name, datatype=output.datatype.name, shape=output.shape)
+        if output.shared_memory is not None:  # in the client's region: an empty entry, as Triton
+            parts += [_RAW_OUTPUT_TAG, _varint(0)]
+            continue
         blob = tensor_to_bytes(output.data, output.datatype)
         parts += [_RAW_OUTPUT_TAG, _varint(blob.nbytes), blob]
     if final_flag:

@@ -22,8 +22,12 @@ from server.protocol.json_codec import MAX_JSON_DEPTH
 from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count
+from server.protocol.shared_memory_params import REGION, shared_memory_ref
 from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 from server.protocol.validation import check_input
+
+#: The data of an input in shared memory until the data plane reads it from the region.
+_PENDING = np.empty(0, dtype=np.uint8)
 
 
 @dataclass
@@ -137,6 +141,13 @@ def _decode_input(
     if spec is not None:
         check_input(spec, name, datatype, shape)
     params = _parameters(raw, f"input '{name}'")
+    region = shared_memory_ref(params, f"input '{name}'")
+    if region is not None:
+        if "binary_data_size" in params or "data" in raw:
+            raise InvalidArgument(
+                f"input '{name}' sets '{REGION}' and also carries data; it must be one or the other"
+            )
+        return InputTensor(name, datatype, shape, _PENDING, params, region), offset
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
@@ -175,7 +186,10 @@ def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput]:
             )
         if "classification" in params:
             raise Unsupported("the classification extension is not supported")
-        outputs.append(RequestedOutput(name, params))
+        region = shared_memory_ref(params, f"output '{name}'")
+        if region is not None and params.get("binary_data"):
+            raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
+        outputs.append(RequestedOutput(name, params, region))
     return outputs
 
 
@@ -259,7 +273,11 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
             "datatype": output.datatype.name,
             "shape": list(output.shape),
         }
-        if binary:
+        if output.shared_memory is not None:
+            # The client reads it from its region. No "parameters" either: the C++ client
+            # takes any output that has them for a binary one and asks for binary_data_size.
+            pass
+        elif binary:
             blob = tensor_to_bytes(output.data, output.datatype)
             entry["parameters"] = {"binary_data_size": blob.nbytes}
             blobs.append(blob)

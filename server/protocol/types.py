@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from server.protocol.datatypes import DataType
+from server.protocol.shared_memory_params import SharedMemoryRef
 
 Parameters = dict[str, Any]
 
@@ -26,6 +27,8 @@ class InputTensor:
     shape: tuple[int, ...]
     data: np.ndarray
     parameters: Parameters = field(default_factory=dict)
+    #: the data is in this shared memory region (``data`` is filled from it by the data plane)
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass
@@ -34,6 +37,8 @@ class RequestedOutput:
 
     name: str
     parameters: Parameters = field(default_factory=dict)
+    #: write the result into this shared memory region instead of the response
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass
@@ -56,6 +61,8 @@ class OutputTensor:
     datatype: DataType
     shape: tuple[int, ...]
     data: np.ndarray
+    #: written into this region already: the response carries no data for it
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass

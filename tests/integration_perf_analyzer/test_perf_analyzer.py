@@ -10,7 +10,7 @@ requests with random input data, one connection per concurrency slot. The measur
 one-second windows, exactly three per concurrency level, stability only loosely required (this is a
 compatibility check, not a benchmark). Covered: HTTP and gRPC; a batched model with ``-b`` > 1 and
 a dynamically batched one; a model without batching; a BYTES model (perf_analyzer's random
-strings); ``--collect-metrics`` against the metrics endpoint.
+strings); ``--collect-metrics`` against the metrics endpoint; ``--shared-memory system``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     extra = tmp_path_factory.mktemp("perf_analyzer_repo")
     # No batching: a fixed first dim, so the config is completed with max_batch_size 0.
     make_models.save(make_models.identity("FP32", [16]), extra / "unbatched" / "1" / "model.onnx")
-    process = start_server(EXAMPLES, extra)
+    process = start_server(EXAMPLES, extra, args=("--allow-client-shm=true",))
     assert process.port is not None and process.grpc_port is not None, process.log
     yield process
     process.stop()
@@ -130,3 +130,20 @@ def test_perf_analyzer_collects_metrics(server: ServerProcess) -> None:
     assert result.returncode == 0, report
     assert "Server-side metrics" in result.stdout or "GPU" in result.stdout, report
     assert len(_THROUGHPUT.findall(result.stdout)) == 1, report
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_with_system_shared_memory(server: ServerProcess, protocol: str) -> None:
+    """perf_analyzer unregisters every region of both kinds, registers its own, and sends
+    every input and output through them."""
+    port = server.grpc_port if protocol == "grpc" else server.port
+    result = _perf_analyzer(
+        "-m", "simple", "-u", f"127.0.0.1:{port}", "-i", protocol,
+        "--shared-memory=system", "--output-shared-memory-size=256",
+        "--concurrency-range=1:1", *_MEASUREMENT[1:],
+    )
+    report = f"perf_analyzer exited {result.returncode}:\n{result.stdout}\n{server.log}"
+    assert result.returncode == 0, report
+    (throughput,) = [float(value) for value in _THROUGHPUT.findall(result.stdout)]
+    assert throughput > 0, report
+    assert "Successful request count:" in result.stdout, report

@@ -813,11 +813,6 @@ def test_unknown_datatype_name_is_invalid_argument(
 @pytest.mark.parametrize(
     "rpc, call",
     [
-        ("SystemSharedMemoryStatus", lambda c: c.get_system_shared_memory_status()),
-        ("SystemSharedMemoryRegister", lambda c: c.register_system_shared_memory("r", "/k", 8)),
-        ("SystemSharedMemoryUnregister", lambda c: c.unregister_system_shared_memory()),
-        ("CudaSharedMemoryStatus", lambda c: c.get_cuda_shared_memory_status()),
-        ("CudaSharedMemoryUnregister", lambda c: c.unregister_cuda_shared_memory()),
         ("TraceSetting", lambda c: c.get_trace_settings()),
         ("LogSettings", lambda c: c.get_log_settings()),
     ],
@@ -832,15 +827,35 @@ def test_unimplemented_rpcs(
     assert rpc in error.message() and "not implemented" in error.message()
 
 
-def test_unimplemented_cuda_register_via_stub(
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.get_system_shared_memory_status(),
+        lambda c: c.register_system_shared_memory("r", "/k", 8),
+        lambda c: c.unregister_system_shared_memory(),
+        lambda c: c.get_cuda_shared_memory_status(),
+        lambda c: c.unregister_cuda_shared_memory(),
+    ],
+)
+def test_shared_memory_is_off_by_default(
+    client: grpcclient.InferenceServerClient,
+    call: Callable[[grpcclient.InferenceServerClient], Any],
+) -> None:
+    """As Triton since --allow-client-shm defaults to false."""
+    error = _client_error(lambda: call(client))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "Client shared memory is disabled" in error.message()
+
+
+def test_cuda_register_via_stub_is_refused_while_disabled(
     stub: service_pb2_grpc.GRPCInferenceServiceStub,
 ) -> None:
     request = service_pb2.CudaSharedMemoryRegisterRequest(
         name="r", raw_handle=b"\x00" * 64, device_id=0, byte_size=8
     )
     error = _rpc_error(lambda: stub.CudaSharedMemoryRegister(request, timeout=30))
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "CudaSharedMemoryRegister" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Client shared memory is disabled" in error.details()
 
 
 def test_model_fault_is_internal_and_the_model_keeps_serving(

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from server.errors import InvalidArgument, Unsupported
+from server.errors import InvalidArgument
 from server.generated import grpc_service_pb2 as pb
 from server.protocol import datatypes
 from server.protocol.binary import tensor_to_bytes
@@ -22,6 +22,7 @@ from server.protocol.grpc_codec import (
     split_request,
     stream_reply_bytes,
 )
+from server.protocol.shared_memory_params import SharedMemoryRef
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 
 DT = datatypes.BY_NAME
@@ -466,14 +467,48 @@ def test_timeout_other_than_non_negative_int64_refused(kind: str, value: Any) ->
         decode_request(msg)
 
 
-def test_shared_memory_input_or_output_is_unsupported() -> None:
+def test_shared_memory_inputs_take_no_raw_entry_and_outputs_carry_their_region() -> None:
+    """An input in shared memory has no raw_input_contents entry (the others keep theirs, in
+    order); the data plane reads it from the region later."""
+    msg = pb.ModelInferRequest(model_name="m")
+    for name in ("A", "B", "C"):
+        msg.inputs.add(name=name, datatype="FP32", shape=[2])
+    params = msg.inputs[1].parameters
+    params["shared_memory_region"].string_param = "r"
+    params["shared_memory_offset"].int64_param = 16
+    params["shared_memory_byte_size"].int64_param = 8
+    msg.raw_input_contents.extend([np.float32([1, 2]).tobytes(), np.float32([5, 6]).tobytes()])
+    out = msg.outputs.add(name="OUT").parameters
+    out["shared_memory_region"].string_param = "o"
+    out["shared_memory_byte_size"].int64_param = 64
+    request = decode_request(msg)
+    a, b, c = request.inputs
+    np.testing.assert_array_equal(a.data, [1, 2])
+    np.testing.assert_array_equal(c.data, [5, 6])
+    assert b.shared_memory == SharedMemoryRef("r", 16, 8)
+    assert a.shared_memory is None and c.shared_memory is None
+    assert request.outputs is not None
+    assert request.outputs[0].shared_memory == SharedMemoryRef("o", 0, 64)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"shared_memory_region": ""}, "must be a non-empty string"),
+        ({"shared_memory_region": "r"}, "'shared_memory_byte_size' is required"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "non-negative"),
+        ({"shared_memory_byte_size": 4}, "must be a non-empty string"),
+    ],
+)
+def test_malformed_shared_memory_parameters(params: dict[str, object], message: str) -> None:
     msg = _fp32_raw_request()
-    msg.inputs[0].parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(Unsupported, match="shared memory"):
-        decode_request(msg)
-    msg = _fp32_raw_request()
-    msg.outputs.add(name="OUT").parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(Unsupported, match="shared memory"):
+    msg.raw_input_contents.pop()
+    for key, value in params.items():
+        if isinstance(value, str):
+            msg.inputs[0].parameters[key].string_param = value
+        else:
+            msg.inputs[0].parameters[key].int64_param = value  # type: ignore[assignment]
+    with pytest.raises(InvalidArgument, match=message):
         decode_request(msg)
 
 

@@ -1,0 +1,86 @@
+"""The system and CUDA shared memory extensions over HTTP (triton-facts §1.2, §1.5).
+
+``GET /v2/{system,cuda}sharedmemory[/region/{r}]/status``,
+``POST /v2/{system,cuda}sharedmemory/region/{r}/register`` and
+``POST /v2/{system,cuda}sharedmemory[/region/{r}]/unregister`` (no region: all of them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from server.errors import InvalidArgument
+from server.http.base import BaseHandler
+from server.protocol.rest_codec import parse_json
+
+_KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
+
+
+class SharedMemoryHandler(BaseHandler):
+    SUPPORTED_METHODS = ("GET", "POST")
+
+    def get(self, extension: str, region: str | None, action: str) -> None:
+        if action != "status":
+            self.send_error(405)
+            return
+        self.write_json(self.dataplane.shared_memory.status(_KINDS[extension], region or ""))
+
+    def post(self, extension: str, region: str | None, action: str) -> None:
+        kind = _KINDS[extension]
+        registry = self.dataplane.shared_memory
+        if action == "unregister":
+            registry.unregister(kind, region or "")
+        elif action == "register":
+            if not region:
+                raise InvalidArgument("registering a shared memory region needs its name")
+            body = self._body()
+            if kind == "system":
+                registry.register_system(
+                    region,
+                    _string(body, "key"),
+                    _integer(body, "offset", 0),
+                    _integer(body, "byte_size"),
+                )
+            else:
+                registry.register_cuda(
+                    region,
+                    _handle(body),
+                    _integer(body, "device_id"),
+                    _integer(body, "byte_size"),
+                )
+        else:
+            self.send_error(405)
+            return
+        self.finish()
+
+    def _body(self) -> dict[str, Any]:
+        body = parse_json(self.request.body or b"{}", "shared memory register request")
+        if not isinstance(body, dict):
+            raise InvalidArgument("the shared memory register request must be a JSON object")
+        return body
+
+
+def _string(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str):
+        raise InvalidArgument(f"Unable to parse '{key}': expected a string")
+    return value
+
+
+def _integer(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if type(value) is not int or value < 0:
+        raise InvalidArgument(f"Unable to parse '{key}': expected a non-negative integer")
+    return value
+
+
+def _handle(body: dict[str, Any]) -> bytes:
+    raw = body.get("raw_handle")
+    if not isinstance(raw, dict) or not isinstance(raw.get("b64"), str):
+        raise InvalidArgument("Unable to parse 'raw_handle': expected {\"b64\": <base64 string>}")
+    try:
+        return base64.b64decode(raw["b64"], validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("Unable to parse 'raw_handle': invalid base64") from None

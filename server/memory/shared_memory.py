@@ -1,0 +1,324 @@
+"""Client shared memory regions: Triton's system and CUDA shared memory extensions.
+
+A client on the same node creates a POSIX shared memory object (system) or a CUDA IPC handle
+(CUDA), registers it under a name, and then names the region, an offset and a byte size in
+tensor parameters instead of sending the bytes. The registry maps each system region once
+(``mmap`` of ``/dev/shm/<key>``), hands out zero-copy views of it for inputs, and writes
+outputs into it.
+
+Safety: every offset and size is checked at registration and at each use (Python integers do
+not overflow, but negative or oversized values are refused before any slicing); a key is a
+plain name under ``/dev/shm`` (no path separators), so it cannot reach other files; errors
+never echo keys. A region used by a request in flight is leased: unregistering it hides it
+at once, but unmaps it only when the last request using it has finished. Registration is off
+unless ``--allow-client-shm=true`` (Triton's current default), with Triton's error text.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from server.cuda.devices import cupy_module
+from server.errors import (
+    ErrorCode,
+    InferenceServerError,
+    InvalidArgument,
+    NotFound,
+    Unsupported,
+)
+
+SHM_ROOT = "/dev/shm"
+#: Keys Triton's python backend uses for its own regions; refused as Triton does.
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+DISABLED = (
+    "Client shared memory is disabled; start the server with --allow-client-shm=true to use it"
+)
+
+
+class AlreadyExists(InferenceServerError):
+    """A region of that name is registered already (HTTP 400, gRPC ALREADY_EXISTS)."""
+
+    code = ErrorCode.ALREADY_EXISTS
+
+
+@dataclass(eq=False)
+class _Region:
+    """One registered region and the requests using it."""
+
+    name: str
+    kind: str  # "system" | "cuda"
+    byte_size: int
+    key: str = ""
+    offset: int = 0
+    device_id: int = 0
+    memory: Any = None  # mmap.mmap (system) or a CuPy uint8 array (CUDA)
+    users: int = 0
+    retired: bool = False  # unregistered: close when the last user is done
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def host_view(self, offset: int, byte_size: int) -> memoryview:
+        """``byte_size`` bytes at ``offset`` of the region, as a host memoryview."""
+        if self.memory is None or byte_size == 0:  # a region of 0 bytes maps nothing
+            return memoryview(b"")
+        if self.kind == "system":
+            start = self.offset + offset
+            return memoryview(self.memory)[start : start + byte_size]
+        # CUDA: the executors take host arrays, so the bytes are copied out of the device once.
+        device = self.memory[offset : offset + byte_size]
+        return memoryview(device.get())
+
+    def write(self, offset: int, data: memoryview) -> None:
+        if data.nbytes == 0:
+            return
+        if self.kind == "system":
+            start = self.offset + offset
+            memoryview(self.memory)[start : start + data.nbytes] = data
+        else:
+            source = np.frombuffer(data, dtype=np.uint8)
+            self.memory[offset : offset + data.nbytes].set(source)
+
+    def close(self) -> None:
+        """Unmap now if nothing points into the mapping any more; otherwise the mapping goes
+        when the last array viewing it does (never while one could still read it)."""
+        if self.kind == "system" and self.memory is not None:
+            try:
+                self.memory.close()
+            except BufferError:  # views of it are still alive somewhere
+                pass
+        self.memory = None
+
+
+class SharedMemoryRegistry:
+    """The registered regions of both kinds; thread-safe (loads and inference may overlap)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._regions: dict[tuple[str, str], _Region] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def cuda_available(self) -> bool:
+        return cupy_module() is not None
+
+    # --- registration ------------------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_enabled()
+        _check_name(name)
+        for value, what in ((offset, "offset"), (byte_size, "byte_size")):
+            if type(value) is not int or value < 0:
+                raise InvalidArgument(f"Invalid {what} for shared memory region: '{name}'")
+        if key.startswith(RESERVED_KEY_PREFIX):
+            raise InvalidArgument(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+            )
+        path = _key_path(key, name)
+        self._check_free("system", name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            raise InvalidArgument(
+                f"failed to register shared memory region '{name}': unable to open the shared "
+                "memory object of that key (invalid args)"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset >= size and not (offset == 0 and size == 0):
+                raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+            if offset + byte_size > size:
+                raise InvalidArgument(
+                    f"Invalid offset + byte size for shared memory region: '{name}'"
+                )
+            memory = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
+        finally:
+            os.close(fd)
+        region = _Region(name, "system", byte_size, key=key, offset=offset, memory=memory)
+        self._add(region)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._check_enabled()
+        _check_name(name)
+        cupy = cupy_module()
+        if cupy is None:
+            raise Unsupported(
+                "CUDA shared memory is not available: this server has no CUDA device"
+            )
+        if type(device_id) is not int or device_id < 0 or type(byte_size) is not int or (
+            byte_size < 0
+        ):
+            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+        self._check_free("cuda", name)
+        try:
+            with cupy.cuda.Device(device_id):
+                pointer = cupy.cuda.runtime.ipcOpenMemHandle(raw_handle)
+                memory = cupy.cuda.UnownedMemory(pointer, byte_size, None, device_id)
+                array = cupy.ndarray(
+                    (byte_size,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0)
+                )
+        except Exception as exc:  # noqa: BLE001 - a bad handle, another device, no peer access
+            raise InvalidArgument(
+                f"failed to register shared memory region '{name}': invalid args ({exc})"
+            ) from None
+        self._add(_Region(name, "cuda", byte_size, device_id=device_id, memory=array))
+
+    def unregister(self, kind: str, name: str) -> None:
+        """Unregister one region (``name``), or every region of ``kind`` (empty name). A region
+        in use is closed when its last request finishes."""
+        self._check_enabled()
+        with self._lock:
+            if name:
+                region = self._regions.pop((kind, name), None)
+                regions = [region] if region is not None else []
+            else:
+                regions = [r for (k, _), r in self._regions.items() if k == kind]
+                for region in regions:
+                    del self._regions[(kind, region.name)]
+        for region in regions:
+            with region.lock:
+                region.retired = True
+                if region.users == 0:
+                    region.close()
+
+    def status(self, kind: str, name: str) -> list[dict[str, Any]]:
+        """Triton's status entries of ``kind``, one region or all of them."""
+        self._check_enabled()
+        with self._lock:
+            if name:
+                region = self._regions.get((kind, name))
+                if region is None:
+                    raise NotFound(_unknown(kind, name))
+                regions = [region]
+            else:
+                regions = [r for (k, _), r in sorted(self._regions.items()) if k == kind]
+        if kind == "system":
+            return [
+                {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                for r in regions
+            ]
+        return [
+            {"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions
+        ]
+
+    # --- use by requests ---------------------------------------------------------------------
+
+    @contextmanager
+    def lease(self, names: set[str]) -> Iterator[RegionLease]:
+        """Hold the named regions for one request: they stay mapped until it is done."""
+        held: list[_Region] = []
+        try:
+            for name in sorted(names):
+                region = self._find(name)
+                with region.lock:
+                    if region.retired:
+                        raise NotFound(_unknown(region.kind, name))
+                    region.users += 1
+                held.append(region)
+            yield RegionLease({region.name: region for region in held})
+        finally:
+            for region in held:
+                with region.lock:
+                    region.users -= 1
+                    if region.retired and region.users == 0:
+                        region.close()
+
+    def _find(self, name: str) -> _Region:
+        if not self.enabled:
+            raise InvalidArgument(DISABLED)
+        with self._lock:
+            region = self._regions.get(("system", name)) or self._regions.get(("cuda", name))
+        if region is None:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        return region
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise InvalidArgument(DISABLED)
+
+    def _check_free(self, kind: str, name: str) -> None:
+        with self._lock:
+            if (kind, name) in self._regions:
+                raise AlreadyExists(f"shared memory region '{name}' already in manager")
+
+    def _add(self, region: _Region) -> None:
+        with self._lock:
+            if (region.kind, region.name) in self._regions:
+                region.close()
+                raise AlreadyExists(f"shared memory region '{region.name}' already in manager")
+            self._regions[(region.kind, region.name)] = region
+
+    def close(self) -> None:
+        """Unmap everything (server shutdown)."""
+        if self.enabled:
+            self.unregister("system", "")
+            self.unregister("cuda", "")
+
+
+@dataclass
+class RegionLease:
+    """The regions one request holds, with bounds-checked access."""
+
+    regions: dict[str, _Region]
+
+    def read(self, name: str, offset: int, byte_size: int, tensor: str) -> memoryview:
+        region = self._checked(name, offset, byte_size, tensor)
+        return region.host_view(offset, byte_size)
+
+    def write(self, name: str, offset: int, byte_size: int, tensor: str, data: memoryview) -> None:
+        region = self._checked(name, offset, byte_size, tensor)
+        if data.nbytes > byte_size:
+            raise InvalidArgument(
+                f"shared memory size specified with the request for output '{tensor}' "
+                f"({byte_size} bytes) should be at least {data.nbytes} bytes to hold the results"
+            )
+        region.write(offset, data)
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether ``array`` is a view into one of the system regions held."""
+        return any(
+            region.kind == "system"
+            and region.memory is not None
+            and np.may_share_memory(array, np.frombuffer(region.memory, dtype=np.uint8))
+            for region in self.regions.values()
+        )
+
+    def _checked(self, name: str, offset: int, byte_size: int, tensor: str) -> _Region:
+        region = self.regions[name]
+        if offset < 0 or byte_size < 0:
+            raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+        if offset > region.byte_size:
+            raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+        if offset + byte_size > region.byte_size:
+            raise InvalidArgument(
+                f"Invalid offset + byte size for shared memory region: '{name}' (tensor "
+                f"'{tensor}')"
+            )
+        return region
+
+
+def _check_name(name: str) -> None:
+    if not name:
+        raise InvalidArgument("a shared memory region needs a name")
+
+
+def _key_path(key: str, name: str) -> str:
+    """The file of a POSIX shared memory key: one plain name under ``/dev/shm``."""
+    plain = key.removeprefix("/")
+    if not plain or "/" in plain or plain in (".", "..") or "\0" in plain:
+        raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+    return os.path.join(SHM_ROOT, plain)
+
+
+def _unknown(kind: str, name: str) -> str:
+    label = "system" if kind == "system" else "CUDA"
+    return f"Unable to find {label} shared memory region: '{name}'"
