@@ -20,10 +20,12 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from server.loadtest.measurements import Sample as LoadSample  # standard library only
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -38,27 +40,11 @@ _ECHO_PREFIX = struct.Struct("<II")  # request length (prefix included), reply l
 
 
 @dataclass
-class Sample:
-    """What one timed loop measured; latencies and CPU times in seconds."""
+class Sample(LoadSample):
+    """What one timed loop measured (``tensorgate-bench``'s sample, whose nearest-rank
+    percentiles it shares), plus the server's CPU time over the loop; times in seconds."""
 
-    requests: int = 0
-    errors: int = 0
-    elapsed: float = 0.0
-    client_cpu: float = 0.0
     server_cpu: float | None = None
-    latencies: list[float] = field(default_factory=list)
-    first_response: bytes = b""
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.elapsed if self.elapsed > 0 else 0.0
-
-    def percentile_ms(self, q: float) -> float:
-        """Nearest-rank percentile, so p99 is a latency that really happened."""
-        if not self.latencies:
-            return math.nan
-        ordered = sorted(self.latencies)
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1e3
 
     def figures(self, payload_bytes: int) -> dict[str, Any]:
         """The figures of this sample for ``--json`` output (MB = 10^6 bytes each way)."""

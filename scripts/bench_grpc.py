@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -65,11 +64,9 @@ from scripts.bench_http import (
     workloads,
 )
 from server.generated import grpc_service_pb2 as pb
+from server.loadtest import clients as loadtest_clients  # the generator tensorgate-bench uses
 
-METHOD = "/inference.GRPCInferenceService/ModelInfer"
-MAX_MESSAGE = 2**31 - 1  # INT32_MAX both ways, as Triton's clients set it
-_STALL_S = 60.0  # a call still unanswered this long after the cell's end is an error
-_CONNECT_S = 30.0
+MAX_MESSAGE = loadtest_clients.MAX_GRPC_MESSAGE  # INT32_MAX both ways, as Triton's clients set it
 _MB = 1e6
 _DATATYPE = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
 _DTYPE = {name: dtype for dtype, name in _DATATYPE.items()}
@@ -142,75 +139,15 @@ def check_grpc_response(raw: bytes, workload: Workload) -> list[str]:
 # --- gRPC load generator ----------------------------------------------------------------------
 
 
-class GrpcLoadGenerator:
-    """Closed-loop load over grpc.aio: ``concurrency`` coroutines, each sending the same
-    pre-serialized request again as soon as the previous response has arrived."""
-
-    def __init__(
-        self, address: tuple[str, int], request: bytes, concurrency: int, channels: int
-    ) -> None:
-        target = f"{address[0]}:{address[1]}"
-        options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            # Without this, channels to one target share a subchannel (one TCP connection).
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        self._request = request
-        self._concurrency = concurrency
-        self._channels = [
-            grpc.aio.insecure_channel(target, options=options) for _ in range(channels)
-        ]
-        self._calls = [
-            channel.unary_unary(
-                METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
-            )
-            for channel in self._channels
-        ]
-        self.first_error = ""
-
-    async def connect(self) -> None:
-        for channel in self._channels:
-            await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
+class GrpcLoadGenerator(loadtest_clients.GrpcLoadGenerator):
+    """tensorgate-bench's grpc.aio closed loop (``concurrency`` coroutines on ``channels``
+    channels, one pre-serialized request), with the server's CPU time over each run."""
 
     async def run(self, seconds: float, max_requests: int, server_pid: int | None = None) -> Sample:
         """Keep ``concurrency`` calls in flight for ``seconds`` or until ``max_requests`` were
         sent; ``server_pid``'s CPU time over the run is recorded too."""
-        sample = Sample()
-        issued = 0
         server_cpu = None if server_pid is None else cpu_seconds(server_pid)
-        client_cpu = time.process_time()
-        start = time.perf_counter()
-        deadline = start + seconds
-        timeout = seconds + _STALL_S
-
-        async def loop(call: Any) -> None:
-            nonlocal issued
-            while True:
-                issued += 1
-                began = time.perf_counter()
-                try:
-                    response = await call(self._request, timeout=timeout)
-                except grpc.aio.AioRpcError as exc:
-                    sample.errors += 1
-                    if not self.first_error:
-                        self.first_error = f"{exc.code().name}: {exc.details()}"
-                else:
-                    sample.latencies.append(time.perf_counter() - began)
-                    sample.requests += 1
-                    if not sample.first_response:
-                        sample.first_response = response
-                if time.perf_counter() >= deadline or issued >= max_requests:
-                    return
-
-        slots = min(self._concurrency, max_requests)
-        await asyncio.gather(*(loop(self._calls[i % len(self._calls)]) for i in range(slots)))
-        sample.elapsed = time.perf_counter() - start
-        sample.client_cpu = time.process_time() - client_cpu
+        sample = await self.run_for(seconds, max_requests, Sample())
         if server_pid is not None and server_cpu is not None:
             sample.server_cpu = cpu_seconds(server_pid) - server_cpu
         return sample

@@ -50,6 +50,8 @@ os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their th
 import numpy as np
 import numpy.typing as npt
 
+from server.loadtest.clients import HttpFraming  # shared with tensorgate-bench
+
 REPOSITORY = ROOT / "examples" / "model_repository"
 SERVER_ARGS = (
     f"--model-repository={REPOSITORY}",
@@ -143,22 +145,6 @@ def encode_request(host: str, workload: Workload) -> bytes:
         headers.append("Content-Type: application/json")
     headers.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(headers) + "\r\n\r\n").encode() + body
-
-
-class HttpFraming:
-    """HTTP/1.1 responses delimited by Content-Length (what the V2 servers send)."""
-
-    def response_length(self, buffer: bytearray, filled: int) -> int | None:
-        end = buffer.find(b"\r\n\r\n", 0, filled)
-        if end < 0:
-            return None
-        match = re.search(rb"\r\ncontent-length:\s*(\d+)", bytes(buffer[:end]), re.IGNORECASE)
-        if match is None:
-            raise ConnectionError("response without Content-Length")
-        return end + 4 + int(match.group(1))
-
-    def ok(self, response: memoryview) -> bool:
-        return response[9:12].tobytes() == b"200"
 
 
 def check_response(raw: bytes, workload: Workload) -> list[str]:
