@@ -16,6 +16,11 @@ _FORBIDDEN = {
     "server/repository": ("tornado", "grpc", "server.http"),
     "server/scheduling": ("tornado", "grpc", "server.http", "server.repository"),
     "server/memory": ("tornado", "grpc", "server.http", "backends"),
+    # a client: it speaks the protocol and knows nothing of the server's insides
+    "server/loadtest": (
+        "tornado", "backends", "onnxruntime", "server.http", "server.grpc", "server.repository",
+        "server.dataplane", "server.scheduling",
+    ),
     "server/http": ("backends", "onnxruntime", "grpc"),
     "server/errors.py": ("tornado", "grpc"),
     "server/dataplane.py": ("tornado", "grpc", "backends", "onnxruntime"),
