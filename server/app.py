@@ -31,7 +31,6 @@ log = logging.getLogger("server")
 
 _CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
 _CLOSE_TIMEOUT_SECS = 5  # for connections to close once requests are done
-_IDLE_TIMEOUT_SECS = 300  # Tornado's default keeps an idle keep-alive connection for an hour
 
 
 def _initial_models(settings: Settings) -> list[str] | None:
@@ -186,7 +185,9 @@ def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) 
         # Tornado's, which just drops the connection (chunked bodies).
         max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
         chunk_size=_CHUNK_SIZE,
-        idle_connection_timeout=_IDLE_TIMEOUT_SECS,
+        max_header_size=settings.http_max_header_size,
+        idle_connection_timeout=settings.http_idle_timeout_secs,
+        body_timeout=settings.http_body_timeout_secs,
     )
     sockets = bind_sockets(settings.http_port, settings.http_address)
     server.add_sockets(sockets)

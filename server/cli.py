@@ -11,6 +11,9 @@ from collections.abc import Sequence
 
 from server.settings import (
     DEFAULT_CUDA_POOL_BYTES,
+    DEFAULT_HTTP_BODY_TIMEOUT_SECS,
+    DEFAULT_HTTP_IDLE_TIMEOUT_SECS,
+    DEFAULT_HTTP_MAX_HEADER_SIZE,
     DEFAULT_HTTP_MAX_INPUT_SIZE,
     DEFAULT_PINNED_POOL_BYTES,
     Settings,
@@ -106,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE,
          metavar="BYTES",
          help="Largest HTTP request body, also after decompression (default: 67108864)")
+    flag("--http-max-header-size", type=int, default=DEFAULT_HTTP_MAX_HEADER_SIZE,
+         metavar="BYTES",
+         help=f"Largest HTTP request line plus headers (default: {DEFAULT_HTTP_MAX_HEADER_SIZE})")
+    flag("--http-idle-timeout-secs", type=int, default=DEFAULT_HTTP_IDLE_TIMEOUT_SECS,
+         metavar="SECS",
+         help="Close a keep-alive connection idle this long, or one whose headers take this "
+              f"long to arrive (default: {DEFAULT_HTTP_IDLE_TIMEOUT_SECS})")
+    flag("--http-body-timeout-secs", type=int, default=DEFAULT_HTTP_BODY_TIMEOUT_SECS,
+         metavar="SECS",
+         help="Close a connection whose request body takes longer than this to arrive "
+              f"(default: {DEFAULT_HTTP_BODY_TIMEOUT_SECS})")
     bool_flag("--allow-grpc", True, "Serve the gRPC endpoint")
     flag("--grpc-address", default="0.0.0.0", metavar="ADDR",
          help="gRPC listen address (default: 0.0.0.0)")
@@ -170,6 +184,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
+    for value, name in (
+        (args.http_max_header_size, "--http-max-header-size"),
+        (args.http_idle_timeout_secs, "--http-idle-timeout-secs"),
+        (args.http_body_timeout_secs, "--http-body-timeout-secs"),
+    ):
+        if value <= 0:
+            parser.exit(1, f"Error: {name} must be greater than 0.\n")
     if args.metrics_interval_ms <= 0:
         parser.exit(1, "Error: --metrics-interval-ms must be greater than 0.\n")
     if args.pinned_memory_pool_byte_size < 0:
@@ -186,6 +207,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_max_header_size=args.http_max_header_size,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

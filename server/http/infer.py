@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import tornado.iostream
 import tornado.web
 
 from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
@@ -174,6 +175,12 @@ class InferHandler(BaseHandler):
             self._task.cancel()
         elif not self._in_post:
             self._release()
+        # Tornado waits for the rest of a streamed body forever once its connection is gone
+        # (a body timeout, a client that vanished mid-upload): end that wait, so the handler
+        # does not linger until shutdown. Tornado's _execute returns quietly on this error.
+        body = getattr(self.request, "_body_future", None)
+        if body is not None and not body.done():
+            body.set_exception(tornado.iostream.StreamClosedError())
 
     def _release(self) -> None:
         if self._receiver is not None:

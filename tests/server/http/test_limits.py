@@ -1,0 +1,95 @@
+"""Connection-level limits: oversized headers, bodies that never finish, idle keep-alive
+connections; each one closes that connection only, the server keeps answering, no handler is
+left behind, and memory stays flat over many rejected requests."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.server_process import EXAMPLES, ServerProcess, start_server
+
+ABSURD_SHAPE = (
+    b'{"inputs": [{"name": "INPUT0", "shape": [1, 99999999], "datatype": "INT32", "data": [1]}]}'
+)
+LIMITS = (
+    "--http-max-header-size=4096",
+    "--http-idle-timeout-secs=1",
+    "--http-body-timeout-secs=1",
+    "--http-max-input-size=65536",
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    process = start_server(EXAMPLES, args=LIMITS)
+    assert process.port is not None, process.log
+    yield process
+    process.stop()
+    # A handler still waiting for a body that never came would be failed at shutdown.
+    assert "500 POST" not in process.log, process.log
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float:
+    """Seconds until the server closed ``sock`` (it must send nothing first)."""
+    sock.settimeout(seconds)
+    started = time.monotonic()
+    assert sock.recv(1000) == b""
+    return time.monotonic() - started
+
+
+def _still_serving(server: ServerProcess) -> None:
+    assert server.request("GET", "/v2/health/live")[0] == 200
+
+
+def test_oversized_headers_close_the_connection(server: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", server.port or 0)) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n")
+        _closed_within(sock, 5)
+    _still_serving(server)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        b"GET /v2 HTTP/1.1\r\nHost: x\r\n",  # headers that never end
+        b"",  # a connection that never says anything
+    ],
+    ids=["body", "headers", "idle"],
+)
+def test_stalled_clients_are_cut_off(server: ServerProcess, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", server.port or 0)) as sock:
+        sock.sendall(sent)
+        assert _closed_within(sock, 10) < 5
+    _still_serving(server)
+
+
+def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None:
+    """Requests refused for their size, their JSON or their shape, 600 of them after a
+    warm-up: the server's resident memory grows by less than 4 MiB."""
+    bad = [
+        ("POST", "/v2/models/simple/infer", b"{" * 5000),
+        ("POST", "/v2/models/simple/infer", ABSURD_SHAPE),
+        ("POST", "/v2/models/simple/infer", b"x" * 70000),  # over --http-max-input-size
+        ("POST", "/v2/models/nope/infer", b"{}"),
+        ("GET", "/v2/models/simple/versions/999", None),
+    ]
+    process = psutil.Process(server.proc.pid)
+
+    def burst(count: int) -> None:
+        for index in range(count):
+            method, path, body = bad[index % len(bad)]
+            status, _, _ = server.request(method, path, body)
+            assert 400 <= status < 500, (path, status)
+
+    burst(200)
+    before = process.memory_info().rss
+    burst(600)
+    grown = process.memory_info().rss - before
+    assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 600 rejected requests"
+    _still_serving(server)
