@@ -14,6 +14,7 @@ from server.settings import (
     DEFAULT_HTTP_BODY_TIMEOUT_SECS,
     DEFAULT_HTTP_IDLE_TIMEOUT_SECS,
     DEFAULT_HTTP_MAX_HEADER_SIZE,
+    DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
     DEFAULT_HTTP_MAX_INPUT_SIZE,
     DEFAULT_PINNED_POOL_BYTES,
     Settings,
@@ -120,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
          metavar="SECS",
          help="Close a connection whose request body takes longer than this to arrive "
               f"(default: {DEFAULT_HTTP_BODY_TIMEOUT_SECS})")
+    flag("--http-max-inflight-bytes", type=int, default=DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
+         metavar="BYTES",
+         help="Request bodies held at once (arriving or in use); past it new requests get 503 "
+              f"(default: {DEFAULT_HTTP_MAX_INFLIGHT_BYTES})")
     bool_flag("--allow-grpc", True, "Serve the gRPC endpoint")
     flag("--grpc-address", default="0.0.0.0", metavar="ADDR",
          help="gRPC listen address (default: 0.0.0.0)")
@@ -188,6 +193,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         (args.http_max_header_size, "--http-max-header-size"),
         (args.http_idle_timeout_secs, "--http-idle-timeout-secs"),
         (args.http_body_timeout_secs, "--http-body-timeout-secs"),
+        (args.http_max_inflight_bytes, "--http-max-inflight-bytes"),
     ):
         if value <= 0:
             parser.exit(1, f"Error: {name} must be greater than 0.\n")
@@ -210,6 +216,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         http_max_header_size=args.http_max_header_size,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
+        http_max_inflight_bytes=args.http_max_inflight_bytes,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

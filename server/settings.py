@@ -8,6 +8,7 @@ DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT
 DEFAULT_HTTP_MAX_HEADER_SIZE = 1 << 16  # request line + headers, Tornado's default
 DEFAULT_HTTP_IDLE_TIMEOUT_SECS = 300  # Tornado's own default keeps idle connections an hour
 DEFAULT_HTTP_BODY_TIMEOUT_SECS = 300  # a 64 MiB body at 2 Mbit/s still arrives
+DEFAULT_HTTP_MAX_INFLIGHT_BYTES = 1 << 30  # all request bodies held at once
 DEFAULT_PINNED_POOL_BYTES = 1 << 28  # 256 MiB, Triton's --pinned-memory-pool-byte-size
 DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool-byte-size
 
@@ -25,6 +26,7 @@ class Settings:
     http_max_header_size: int = DEFAULT_HTTP_MAX_HEADER_SIZE
     http_idle_timeout_secs: int = DEFAULT_HTTP_IDLE_TIMEOUT_SECS
     http_body_timeout_secs: int = DEFAULT_HTTP_BODY_TIMEOUT_SECS
+    http_max_inflight_bytes: int = DEFAULT_HTTP_MAX_INFLIGHT_BYTES
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001

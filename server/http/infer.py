@@ -13,7 +13,13 @@ from typing import Any
 import tornado.iostream
 import tornado.web
 
-from server.errors import InferenceServerError, InternalError, Unsupported, to_server_error
+from server.errors import (
+    InferenceServerError,
+    InternalError,
+    Unavailable,
+    Unsupported,
+    to_server_error,
+)
 from server.http import body as http_body
 from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
@@ -51,6 +57,7 @@ class InferHandler(BaseHandler):
             if length is not None and length > limit:
                 is_binary = headers.get("Inference-Header-Content-Length") is not None
                 raise http_body.too_large(length, limit, binary=is_binary)
+            self._admit(length or 0)
         except InferenceServerError as exc:
             # An unknown Content-Encoding is answered with the encodings we take (as Triton).
             extra = {"Accept-Encoding": "gzip, deflate"} if isinstance(exc, Unsupported) else None
@@ -60,6 +67,17 @@ class InferHandler(BaseHandler):
                 self.send_server_error(exc, extra)
             return
         self._receiver = http_body.BodyReceiver(self.pool, limit, length)
+
+    def _admit(self, length: int) -> None:
+        """Admission control: the bodies being received and the requests holding them may
+        use at most ``--http-max-inflight-bytes``, so many slow uploaders cannot exhaust
+        memory; past it a request is answered 503 before its body is stored."""
+        budget = self.settings_.http_max_inflight_bytes
+        if self.pool.bytes_in_use + length > budget:
+            raise Unavailable(
+                f"the server is busy: request bodies in flight would exceed {budget} bytes "
+                "(--http-max-inflight-bytes); retry later"
+            )
 
     def _answer_then_drain(
         self, error: InferenceServerError, headers: dict[str, str] | None, length: int

@@ -144,6 +144,11 @@ class HostBufferPool:
     def cached_bytes(self) -> int:
         return self._cached
 
+    @property
+    def bytes_in_use(self) -> int:
+        """Bytes handed out and not yet released (pinned and pageable)."""
+        return self._pinned_used + self._pageable_used
+
     def stats(self) -> PoolStats:
         with self._lock:
             return PoolStats(

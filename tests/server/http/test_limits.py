@@ -93,3 +93,32 @@ def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None
     grown = process.memory_info().rss - before
     assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 600 rejected requests"
     _still_serving(server)
+
+
+def test_admission_control_on_bodies_in_flight() -> None:
+    """A slow upload holds its buffer; while it does, a request that would take the bodies in
+    flight past --http-max-inflight-bytes is answered 503 at once, and is served again once the
+    first one is done."""
+    process = start_server(EXAMPLES, args=("--http-max-inflight-bytes=300000",))
+    try:
+        assert process.port is not None, process.log
+        body = b'{"inputs": []}'.ljust(150_000)
+        with socket.create_connection(("127.0.0.1", process.port)) as slow:
+            slow.sendall(
+                b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:1000]
+            )
+            time.sleep(0.3)  # its buffer is taken
+            status, _, text = process.request(
+                "POST", "/v2/models/simple/infer", b"{}".ljust(100_000)
+            )
+            assert status == 503, text
+            assert b"--http-max-inflight-bytes" in text
+            slow.sendall(body[1000:])
+            slow.settimeout(10)
+            assert slow.recv(100).startswith(b"HTTP/1.1 400")  # no inputs: the model refuses
+        status, _, text = process.request("POST", "/v2/models/simple/infer", b"{}".ljust(100_000))
+        assert status == 400, text  # admitted again; refused for its content
+    finally:
+        process.stop()
