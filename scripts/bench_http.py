@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,12 +190,19 @@ def check_response(raw: bytes, workload: Workload) -> list[str]:
 class ServerUnderTest:
     """``python -m server`` as a user starts it; its log is kept to report what it said."""
 
-    def __init__(self, timeout: float = 60.0, repositories: list[Path] | None = None) -> None:
-        """``repositories`` replace the example repository (bench_batching's models)."""
+    def __init__(
+        self,
+        timeout: float = 60.0,
+        repositories: list[Path] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """``repositories`` replace the example repository (bench_batching's models);
+        ``extra_args`` are more server flags (bench_shm's ``--allow-client-shm``)."""
         args = list(SERVER_ARGS)
         if repositories is not None:
             args = [a for a in args if not a.startswith("--model-repository")]
             args += [f"--model-repository={repository}" for repository in repositories]
+        args += extra_args
         self.lines: list[str] = []
         self.started_at_line = 0
         self._port: int | None = None
