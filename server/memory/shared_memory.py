@@ -93,6 +93,11 @@ class _Region:
                 self.memory.close()
             except BufferError:  # views of it are still alive somewhere
                 pass
+        elif self.kind == "cuda" and self.memory is not None:
+            cupy = cupy_module()
+            if cupy is not None:  # host copies were taken of it: nothing points in any more
+                with cupy.cuda.Device(self.device_id):
+                    cupy.cuda.runtime.ipcCloseMemHandle(self.memory.data.ptr)
         self.memory = None
 
 
