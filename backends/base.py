@@ -51,6 +51,10 @@ class Placement:
 class ModelInstance(ABC):
     """One executable copy of a model version, driven by a single worker thread."""
 
+    #: Whether very short executions may run on the event loop instead of the worker thread
+    #: (see ``server.scheduling.runner``); code that may block or use asyncio must say no.
+    may_run_inline: bool = True
+
     @abstractmethod
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

@@ -197,6 +197,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     ):
         if value <= 0:
             parser.exit(1, f"Error: {name} must be greater than 0.\n")
+    if args.http_max_inflight_bytes < args.http_max_input_size:
+        parser.exit(
+            1,
+            "Error: --http-max-inflight-bytes must be at least --http-max-input-size (one "
+            "largest body must fit).\n",
+        )
     if args.metrics_interval_ms <= 0:
         parser.exit(1, "Error: --metrics-interval-ms must be greater than 0.\n")
     if args.pinned_memory_pool_byte_size < 0:

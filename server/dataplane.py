@@ -328,14 +328,17 @@ def _write_shared_outputs(
     output that is a view of an input region: the region may be unmapped once the request is
     done, before the response is written."""
     wanted = {o.name: o.shared_memory for o in request.outputs or () if o.shared_memory}
+    # First take copies of whatever views a region: writing an output into a region may
+    # overwrite the input another output still points at.
+    for output in outputs:
+        if lease.holds(output.data):
+            output.data = output.data.copy()
     for output in outputs:
         ref = wanted.get(output.name)
         if ref is not None:
             blob = tensor_to_bytes(output.data, output.datatype)
             lease.write(ref.region, ref.offset, ref.byte_size, output.name, blob)
             output.shared_memory = ref
-        elif lease.holds(output.data):
-            output.data = output.data.copy()
 
 
 def _failure_reason(error: Exception) -> str:

@@ -33,7 +33,9 @@ class TritonFormatter(logging.Formatter):
             micros = int((record.created % 1) * 1_000_000)
             stamp = time.strftime("%m%d %H:%M:%S", local)
             prefix = f"{letter}{stamp}.{micros:06d} {record.process} {record.name}]"
-        text = f"{prefix} {record.getMessage()}"
+        # A client's strings end up in messages: one record, one line (no forged lines).
+        message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
+        text = f"{prefix} {message}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -125,8 +125,11 @@ class OnnxRuntimeBackend(Backend):
         cupy = require_cupy(what)
         if not 0 <= device_id < device_count():
             raise ModelLoadError(f"{what} asks for GPU {device_id}, which is not available")
-        with cupy.cuda.Device(device_id):
-            stream = cupy.cuda.Stream(non_blocking=True)
+        try:
+            with cupy.cuda.Device(device_id):
+                stream = cupy.cuda.Stream(non_blocking=True)
+        except Exception as exc:  # CUDARuntimeError: busy device, no memory
+            raise ModelLoadError(f"{what}: GPU {device_id} is not usable: {exc}") from exc
         provider = (
             _CUDA_PROVIDER,
             {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)},

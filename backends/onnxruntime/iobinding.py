@@ -119,7 +119,12 @@ class CudaDevice:
         buffer = self._buffers.get(name)
         if buffer is None or buffer.nbytes < array.nbytes:
             capacity = 1 << max(array.nbytes - 1, 1).bit_length()  # grow by powers of two
-            buffer = self._pools.empty(self.device_id, capacity)
+            try:
+                buffer = self._pools.empty(self.device_id, capacity)
+            except self._cupy.cuda.memory.OutOfMemoryError:
+                # The capped pool is full (--cuda-memory-pool-byte-size): this input's buffer
+                # comes from CuPy's default pool instead, exactly sized, rather than failing.
+                buffer = self._cupy.empty(array.nbytes, dtype=self._cupy.uint8)
             self._buffers[name] = buffer
         return buffer[: array.nbytes].view(array.dtype).reshape(array.shape)
 
@@ -154,7 +159,10 @@ class CudaDevice:
                 dtype = _ORT_DTYPES[value.data_type()]
                 shape = tuple(value.shape())
                 nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value)
+                if nbytes == 0:  # ORT allocates nothing for an empty tensor (null pointer)
+                    results.append(np.empty(shape, dtype=dtype))
+                    continue
+                memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
                 device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
                 host = np.frombuffer(
                     cupy.cuda.alloc_pinned_memory(max(nbytes, 1)), dtype=dtype, count=device.size

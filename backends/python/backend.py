@@ -57,8 +57,8 @@ class PythonBackend(Backend):
             except InferenceServerError:
                 forget_module(module)
                 raise
-            except Exception as exc:  # anything user code raises fails the load
-                forget_module(module)
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: the load
+                forget_module(module)  # fails, sys.exit() included; the server goes on
                 raise source.load_error("failed to initialize", exc) from exc
         outputs = {
             tensor.name: datatypes.from_config_enum(tensor.data_type) for tensor in config.output

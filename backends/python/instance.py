@@ -29,6 +29,10 @@ UserExecute = Callable[[dict[str, Any]], object]
 class PythonInstance(ModelInstance):
     """Calls ``execute`` of one ``TensorgateModel`` object, on the host or on its GPU."""
 
+    # User code always runs on the instance's worker thread: it may block now and then, or
+    # use asyncio itself, neither of which the server's event loop may do.
+    may_run_inline = False
+
     def __init__(
         self,
         source: ModelSource,
@@ -70,7 +74,8 @@ class PythonInstance(ModelInstance):
             result = self._execute(inputs)
         except InferenceServerError:
             raise  # the model chose its own answer (a 400 for input it refuses, say)
-        except Exception as exc:  # any fault of user code fails the batch
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # any fault of user code,
+            # sys.exit() included, fails the batch and nothing else
             log.error("model '%s' raised in execute", model, exc_info=exc)
             raise InternalError(
                 f"model '{model}' failed in execute: {self._source.describe(exc)}"
@@ -124,7 +129,7 @@ class PythonInstance(ModelInstance):
                 else:
                     with self._gpu.active():
                         finalize()
-        except Exception:  # nothing to answer; the instance goes regardless
+        except (Exception, SystemExit, KeyboardInterrupt):  # the instance goes regardless
             log.exception("model '%s': finalize failed", self._source.model)
         finally:
             forget_module(self._module)

@@ -77,8 +77,8 @@ def import_module(source: ModelSource) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # anything user code raises fails the load
-        forget_module(module)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: the load fails,
+        forget_module(module)  # even for sys.exit() at module level; the server goes on
         raise source.load_error("failed to import", exc) from exc
     return module
 

@@ -169,6 +169,9 @@ class InferenceServicer:
         if self._pool is None or not self._pool.pins or not raw:
             return raw, None
         buffer = self._pool.acquire(sum(len(part) for part in raw))
+        if not buffer.pinned:  # the pinned budget is spent: a copy would gain nothing
+            buffer.release()
+            return raw, None
         views = []
         offset = 0
         for part in raw:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from server.errors import InvalidArgument, Unsupported
+from server.errors import InvalidArgument, Unavailable, Unsupported
 from server.memory.host_pool import HostBuffer, HostBufferPool
 
 _INITIAL_CHUNKED = 1 << 16
@@ -50,12 +50,25 @@ def parse_content_length(value: str | None) -> int | None:
     return int(text)
 
 
+def admit(pool: HostBufferPool, nbytes: int, budget: int) -> None:
+    """503 unless ``nbytes`` more fit in the bodies-in-flight budget."""
+    if pool.bytes_in_use + nbytes > budget:
+        raise Unavailable(
+            f"the server is busy: request bodies in flight would exceed {budget} bytes "
+            "(--http-max-inflight-bytes); retry later"
+        )
+
+
 class BodyReceiver:
     """Accumulates a request body in a pooled buffer, enforcing the size and chunk limits."""
 
-    def __init__(self, pool: HostBufferPool, limit: int, content_length: int | None) -> None:
+    def __init__(
+        self, pool: HostBufferPool, limit: int, content_length: int | None, budget: int
+    ) -> None:
+        """``budget`` is ``--http-max-inflight-bytes``: a chunked body grows only within it."""
         self._pool = pool
         self._limit = limit
+        self._budget = budget
         self._fixed = content_length is not None
         self._buffer: HostBuffer | None = pool.acquire(
             content_length if content_length is not None else _INITIAL_CHUNKED
@@ -83,7 +96,10 @@ class BodyReceiver:
 
     def _grow(self, needed: int) -> HostBuffer:
         old = self._require()
-        new = self._pool.acquire(max(needed, 2 * old.capacity))
+        size = max(needed, 2 * old.capacity)
+        # The old buffer goes back as soon as the new one holds its bytes.
+        admit(self._pool, self._pool.footprint(size) - old.capacity, self._budget)
+        new = self._pool.acquire(size)
         new.view[: self.received] = old.view[: self.received]
         old.release()
         self._buffer = new

@@ -16,7 +16,6 @@ import tornado.web
 from server.errors import (
     InferenceServerError,
     InternalError,
-    Unavailable,
     Unsupported,
     to_server_error,
 )
@@ -52,32 +51,33 @@ class InferHandler(BaseHandler):
         limit = self.settings_.http_max_input_size
         length: int | None = None
         try:
-            self._encoding = http_body.parse_content_encoding(headers.get("Content-Encoding"))
             length = http_body.parse_content_length(headers.get("Content-Length"))
+            self._encoding = http_body.parse_content_encoding(headers.get("Content-Encoding"))
             if length is not None and length > limit:
                 is_binary = headers.get("Inference-Header-Content-Length") is not None
                 raise http_body.too_large(length, limit, binary=is_binary)
-            self._admit(length or 0)
+            # A compressed body is charged what it may inflate to.
+            self._admit(limit if self._encoding else self.pool.footprint(length))
         except InferenceServerError as exc:
             # An unknown Content-Encoding is answered with the encodings we take (as Triton).
             extra = {"Accept-Encoding": "gzip, deflate"} if isinstance(exc, Unsupported) else None
-            if length is not None and length <= limit + _DRAIN_BYTES:
+            # A client waiting for "100 Continue" gets the final answer instead, and the
+            # connection is closed (it may never send the body).
+            waiting = headers.get("Expect", "").lower() == "100-continue"
+            if length is not None and length <= limit + _DRAIN_BYTES and not waiting:
                 self._answer_then_drain(exc, extra, length)
             else:
                 self.send_server_error(exc, extra)
             return
-        self._receiver = http_body.BodyReceiver(self.pool, limit, length)
+        self._receiver = http_body.BodyReceiver(
+            self.pool, limit, length, self.settings_.http_max_inflight_bytes
+        )
 
-    def _admit(self, length: int) -> None:
+    def _admit(self, nbytes: int) -> None:
         """Admission control: the bodies being received and the requests holding them may
         use at most ``--http-max-inflight-bytes``, so many slow uploaders cannot exhaust
         memory; past it a request is answered 503 before its body is stored."""
-        budget = self.settings_.http_max_inflight_bytes
-        if self.pool.bytes_in_use + length > budget:
-            raise Unavailable(
-                f"the server is busy: request bodies in flight would exceed {budget} bytes "
-                "(--http-max-inflight-bytes); retry later"
-            )
+        http_body.admit(self.pool, nbytes, self.settings_.http_max_inflight_bytes)
 
     def _answer_then_drain(
         self, error: InferenceServerError, headers: dict[str, str] | None, length: int
@@ -199,6 +199,7 @@ class InferHandler(BaseHandler):
         body = getattr(self.request, "_body_future", None)
         if body is not None and not body.done():
             body.set_exception(tornado.iostream.StreamClosedError())
+            body.exception()  # retrieved: nobody may be waiting for it (answered in prepare)
 
     def _release(self) -> None:
         if self._receiver is not None:

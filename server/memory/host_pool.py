@@ -144,6 +144,12 @@ class HostBufferPool:
     def cached_bytes(self) -> int:
         return self._cached
 
+    @staticmethod
+    def footprint(nbytes: int | None) -> int:
+        """The bytes a buffer for ``nbytes`` takes (its size class; chunked bodies start at
+        the smallest)."""
+        return _size_class(nbytes or 0)
+
     @property
     def bytes_in_use(self) -> int:
         """Bytes handed out and not yet released (pinned and pageable)."""
@@ -185,13 +191,19 @@ class HostBufferPool:
         if pin:
             assert self._allocate_pinned is not None
             try:
-                array = self._allocate_pinned(size)
-            except Exception:
+                return HostBuffer(self, self._allocate_pinned(size), nbytes, pinned=True)
+            except Exception as exc:  # noqa: BLE001 - cudaHostAlloc refused: serve pageable
                 with self._lock:
                     self._pinned_total -= size
                     self._pinned_used -= size
-                raise
-            return HostBuffer(self, array, nbytes, pinned=True)
+                    self._pageable_used += size
+                    self._fallbacks += 1
+                    # Stop asking the driver for more than it could give.
+                    self._pinned_limit = self._pinned_total
+                log.warning(
+                    "pinned allocation of %d bytes failed (%s): pageable memory from now on "
+                    "beyond the %d pinned bytes held", size, exc, self._pinned_total,
+                )
         return HostBuffer(self, _aligned(size), nbytes)
 
     def _count_out(self, size: int, pinned: bool) -> None:

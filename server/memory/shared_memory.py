@@ -12,12 +12,19 @@ plain name under ``/dev/shm`` (no path separators), so it cannot reach other fil
 never echo keys. A region used by a request in flight is leased: unregistering it hides it
 at once, but unmaps it only when the last request using it has finished. Registration is off
 unless ``--allow-client-shm=true`` (Triton's current default), with Triton's error text.
+Keys are opened without following symbolic links and must name regular files; the number of
+regions is bounded (each keeps a descriptor). As with Triton, a client that truncates an
+object after registering it makes the next access to it fault (SIGBUS): shared memory trusts
+the clients of the node, which is why it is off by default.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,10 +39,16 @@ from server.errors import (
     InferenceServerError,
     InvalidArgument,
     NotFound,
+    Unavailable,
     Unsupported,
 )
 
+log = logging.getLogger(__name__)
+
 SHM_ROOT = "/dev/shm"
+#: Each system region holds a file descriptor (mmap keeps one): the registry stops here, well
+#: below the usual 1024-descriptor limit the server's sockets and model files also need.
+MAX_REGIONS = 256
 #: Keys Triton's python backend uses for its own regions; refused as Triton does.
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 DISABLED = (
@@ -96,8 +109,11 @@ class _Region:
         elif self.kind == "cuda" and self.memory is not None:
             cupy = cupy_module()
             if cupy is not None:  # host copies were taken of it: nothing points in any more
-                with cupy.cuda.Device(self.device_id):
-                    cupy.cuda.runtime.ipcCloseMemHandle(self.memory.data.ptr)
+                try:
+                    with cupy.cuda.Device(self.device_id):
+                        cupy.cuda.runtime.ipcCloseMemHandle(self.memory.data.ptr)
+                except Exception:  # the region goes anyway
+                    log.exception("closing CUDA shared memory region '%s' failed", self.name)
         self.memory = None
 
 
@@ -121,29 +137,41 @@ class SharedMemoryRegistry:
         for value, what in ((offset, "offset"), (byte_size, "byte_size")):
             if type(value) is not int or value < 0:
                 raise InvalidArgument(f"Invalid {what} for shared memory region: '{name}'")
-        if key.startswith(RESERVED_KEY_PREFIX):
+        if key.removeprefix("/").startswith(RESERVED_KEY_PREFIX):
             raise InvalidArgument(
                 f"cannot register shared memory region '{name}' with key '{key}' as the key "
                 f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
             )
         path = _key_path(key, name)
-        self._check_free("system", name)
+        self._check_free(name)
         try:
-            fd = os.open(path, os.O_RDWR)
+            # O_NOFOLLOW, as shm_open: a symbolic link under /dev/shm must not lead elsewhere.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             raise InvalidArgument(
                 f"failed to register shared memory region '{name}': unable to open the shared "
                 "memory object of that key (invalid args)"
             ) from None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidArgument(
+                    f"failed to register shared memory region '{name}': the key does not name "
+                    "a shared memory object (invalid args)"
+                )
+            size = info.st_size
             if offset >= size and not (offset == 0 and size == 0):
                 raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
             if offset + byte_size > size:
                 raise InvalidArgument(
                     f"Invalid offset + byte size for shared memory region: '{name}'"
                 )
-            memory = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
+            try:
+                memory = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
+            except OSError as exc:  # out of descriptors or address space
+                raise Unavailable(
+                    f"failed to register shared memory region '{name}': {exc.strerror}"
+                ) from None
         finally:
             os.close(fd)
         region = _Region(name, "system", byte_size, key=key, offset=offset, memory=memory)
@@ -161,14 +189,17 @@ class SharedMemoryRegistry:
             byte_size < 0
         ):
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-        self._check_free("cuda", name)
+        self._check_free(name)
         try:
             with cupy.cuda.Device(device_id):
                 pointer = cupy.cuda.runtime.ipcOpenMemHandle(raw_handle)
+                _check_cuda_size(cupy, pointer, byte_size, name)
                 memory = cupy.cuda.UnownedMemory(pointer, byte_size, None, device_id)
                 array = cupy.ndarray(
                     (byte_size,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0)
                 )
+        except InferenceServerError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a bad handle, another device, no peer access
             raise InvalidArgument(
                 f"failed to register shared memory region '{name}': invalid args ({exc})"
@@ -250,14 +281,20 @@ class SharedMemoryRegistry:
         if not self.enabled:
             raise InvalidArgument(DISABLED)
 
-    def _check_free(self, kind: str, name: str) -> None:
+    def _check_free(self, name: str) -> None:
+        """One namespace for both kinds, as Triton; and a bounded number of regions."""
         with self._lock:
-            if (kind, name) in self._regions:
+            if any(key[1] == name for key in self._regions):
                 raise AlreadyExists(f"shared memory region '{name}' already in manager")
+            if len(self._regions) >= MAX_REGIONS:
+                raise Unavailable(
+                    f"failed to register shared memory region '{name}': {MAX_REGIONS} regions "
+                    "are registered already; unregister some first"
+                )
 
     def _add(self, region: _Region) -> None:
         with self._lock:
-            if (region.kind, region.name) in self._regions:
+            if any(key[1] == region.name for key in self._regions):
                 region.close()
                 raise AlreadyExists(f"shared memory region '{region.name}' already in manager")
             self._regions[(region.kind, region.name)] = region
@@ -301,7 +338,7 @@ class RegionLease:
         region = self.regions[name]
         if offset < 0 or byte_size < 0:
             raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
-        if offset > region.byte_size:
+        if offset >= region.byte_size and (offset or byte_size):  # Triton: offset < size
             raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
         if offset + byte_size > region.byte_size:
             raise InvalidArgument(
@@ -309,6 +346,35 @@ class RegionLease:
                 f"'{tensor}')"
             )
         return region
+
+
+def _check_cuda_size(cupy: Any, pointer: int, byte_size: int, name: str) -> None:
+    """Refuse a CUDA region claiming more bytes than the allocation behind the handle has:
+    reads or writes past it would corrupt another process's memory or the CUDA context."""
+    allocation = _allocation_range(pointer)
+    if allocation is None or pointer + byte_size > allocation[0] + allocation[1]:
+        cupy.cuda.runtime.ipcCloseMemHandle(pointer)
+        reason = (
+            "the size of the CUDA allocation behind the handle cannot be checked"
+            if allocation is None
+            else f"byte_size {byte_size} exceeds the CUDA allocation of the handle"
+        )
+        raise InvalidArgument(
+            f"failed to register shared memory region '{name}': {reason} (invalid args)"
+        )
+
+
+def _allocation_range(pointer: int) -> tuple[int, int] | None:
+    """``(base, size)`` of the device allocation holding ``pointer`` (the driver's
+    ``cuMemGetAddressRange``, which CuPy does not wrap), or None when it cannot be asked."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    query = getattr(driver, "cuMemGetAddressRange_v2", None) or driver.cuMemGetAddressRange
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    status = query(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
+    return (int(base.value), int(size.value)) if status == 0 else None
 
 
 def _check_name(name: str) -> None:

@@ -125,7 +125,7 @@ def render(
          lambda s: s.execution_count),
         ("nv_inference_request_duration_us", "counter",
          "Cumulative inference request duration in microseconds",
-         lambda s: (s.success.ns + s.fail.ns) // 1_000),
+         lambda s: s.success.ns // 1_000),  # successes only, as Triton
         ("nv_inference_queue_duration_us", "counter",
          "Cumulative inference queuing duration in microseconds",
          lambda s: s.queue.ns // 1_000),

@@ -56,8 +56,12 @@ def to_json(config: ModelConfig) -> dict[str, Any]:
     return message_to_json(config, _INT64_AS_STRING)
 
 
-def normalize(config: ModelConfig, gpu_count: int) -> None:
-    """Fill the defaults Triton's core fills (model_config_utils.cc NormalizeModelConfig)."""
+def normalize(config: ModelConfig, gpu_count: int, visible_gpus: int | None = None) -> None:
+    """Fill the defaults Triton's core fills (model_config_utils.cc NormalizeModelConfig).
+
+    ``gpu_count`` is how many GPUs the model's backend can drive (KIND_AUTO becomes KIND_GPU
+    when there are any); an explicit KIND_GPU group without ``gpus`` gets every visible GPU
+    (``visible_gpus``, by default the same number)."""
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if config.HasField("dynamic_batching"):
@@ -69,10 +73,11 @@ def normalize(config: ModelConfig, gpu_count: int) -> None:
         optimization.input_pinned_memory.enable = True
     if not optimization.HasField("output_pinned_memory"):
         optimization.output_pinned_memory.enable = True
-    _normalize_instance_groups(config, gpu_count)
+    visible = gpu_count if visible_gpus is None else visible_gpus
+    _normalize_instance_groups(config, gpu_count, visible)
 
 
-def _normalize_instance_groups(config: ModelConfig, gpu_count: int) -> None:
+def _normalize_instance_groups(config: ModelConfig, gpu_count: int, visible_gpus: int) -> None:
     kind = mc.ModelInstanceGroup.Kind
     if not config.instance_group:
         group = config.instance_group.add()
@@ -83,7 +88,7 @@ def _normalize_instance_groups(config: ModelConfig, gpu_count: int) -> None:
         if group.kind == kind.KIND_AUTO:
             group.kind = kind.KIND_GPU if gpu_count > 0 else kind.KIND_CPU
         if group.kind == kind.KIND_GPU and not group.gpus:
-            group.gpus.extend(range(gpu_count))
+            group.gpus.extend(range(max(gpu_count, visible_gpus)))
         if group.count < 1:
             # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime, else 1.
             group.count = 2 if group.kind == kind.KIND_CPU else 1

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import Backend, ModelInstance, Placement
-from server.errors import InferenceServerError, ModelLoadError
+from server.cuda.devices import device_count
+from server.errors import InferenceServerError, ModelLoadError, to_server_error
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
@@ -171,7 +172,10 @@ def _prepare_config(
         path = model_dir / str(present[-1]) / config.default_model_filename
         default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
         autocomplete(config, backend.signature(path), default_max)
-    model_config.normalize(config, backend.gpu_count() if gpu_count is None else gpu_count)
+    if gpu_count is None:
+        model_config.normalize(config, backend.gpu_count(), device_count())
+    else:
+        model_config.normalize(config, gpu_count)
     model_config.validate(config)
     return config, backend, versions
 
@@ -200,11 +204,11 @@ def _load_version(
                 for _ in range(group.count):
                     placement = Placement(group.kind, device)
                     instances.append(backend.load_instance(path, config, placement))
-    except InferenceServerError as exc:
+    except Exception as exc:  # noqa: BLE001 - a backend's fault fails this version only
         for instance in instances:
             instance.close()
-        result.reason = exc.message
-        log.error("failed to load '%s' version %d: %s", config.name, version, exc.message)
+        result.reason = to_server_error(exc).message
+        log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
         return result
     result.spec = ModelSpec.from_config(config)
     name = f"{config.name}-{version}"

@@ -69,13 +69,20 @@ class DirectScheduler:
                 inputs = self._layout.gather([job], {})
                 produced = await runner.run(inputs, job.output_names)
                 (outputs,) = self._layout.scatter(self._name, [job], produced)
+        except asyncio.CancelledError:
+            # The runner returns only once the execution is over: it ran, for nobody.
+            self._record(job, started)
+            raise
         finally:
             free.put_nowait(runner)
             job.times.queue_ns = started - queued
-            job.times.compute_ns = time.perf_counter_ns() - started
+        self._record(job, started)
+        return outputs
+
+    def _record(self, job: Job, started: int) -> None:
+        job.times.compute_ns = time.perf_counter_ns() - started
         if self._stats is not None:
             self._stats.record_execution(job.rows, 0, job.times.compute_ns, 0)
-        return outputs
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker threads and release the instances."""

@@ -138,7 +138,13 @@ class BatchLayout:
                 continue
             else:
                 shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
-            out = _buffer(buffers, name, first.dtype, shape)
+            # BYTES (object) buffers are made per batch: a reused one would keep earlier
+            # batches' strings alive in its unused rows.
+            out = (
+                np.empty(shape, dtype=object)
+                if first.dtype == object
+                else _buffer(buffers, name, first.dtype, shape)
+            )
             np.concatenate(parts, axis=0, out=out)
             gathered[name] = out
         for spec in self.batch_inputs:
@@ -189,6 +195,11 @@ def validate_config(config: mc.ModelConfig) -> None:
             raise ModelLoadError(
                 f"batch input kind '{kind}' of model '{name}' expects 1 source input that is one "
                 f"of the model inputs, got {list(entry.source_input)}"
+            )
+        if inputs[entry.source_input[0]].optional:
+            raise ModelLoadError(
+                f"batch input kind '{kind}' of model '{name}' takes its values from optional "
+                f"input '{entry.source_input[0]}', which a request may leave out"
             )
         if not entry.target_name:
             raise ModelLoadError(f"batch input kind '{kind}' of model '{name}' has no target_name")

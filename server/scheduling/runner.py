@@ -64,7 +64,7 @@ class InstanceRunner:
         instance stay in use until then.
         """
         small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
-        if small and self.small_runs_inline:
+        if small and self.small_runs_inline and self.instance.may_run_inline:
             return self._timed(inputs, output_names, small)
         return await run_in_thread(self._thread, self._timed, inputs, output_names, small)
 

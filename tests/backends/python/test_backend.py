@@ -464,3 +464,57 @@ def test_output_that_is_not_an_array(backend: PythonBackend, tmp_path: Path) -> 
         backend, tmp_path, '{"OUTPUT0": inputs["INPUT0"], "EXTRA": [[1.0], [2.0, 3.0]]}'
     )
     assert message.startswith("model 'm' output 'EXTRA' is not an array: list")
+
+
+def test_sys_exit_in_user_code_fails_the_batch_or_load_not_the_server(
+    backend: PythonBackend, tmp_path: Path
+) -> None:
+    code = """
+    import sys
+
+    class TensorgateModel:
+        def execute(self, inputs):
+            sys.exit(3)
+    """
+    instance = _load(backend, tmp_path, code)
+    with pytest.raises(InternalError, match="failed in execute: SystemExit: 3"):
+        instance.execute({"INPUT0": np.array([1.0], np.float32)}, ["OUTPUT0"])
+    instance.close()
+    message = _load_error(backend, tmp_path / "b", "import sys\nsys.exit('bye')\n")
+    assert "failed to import" in message and "SystemExit" in message
+    message = _load_error(
+        backend,
+        tmp_path / "c",
+        "class TensorgateModel:\n    def initialize(self, config):\n        raise KeyboardInterrupt\n"
+        "    def execute(self, inputs):\n        return {}\n",
+    )
+    assert "failed to initialize" in message and "KeyboardInterrupt" in message
+
+
+def test_user_code_never_runs_on_the_event_loop(backend: PythonBackend, tmp_path: Path) -> None:
+    """Fast model code would be run inline by the runner after warm-up; Python models opt out,
+    so asyncio inside execute keeps working."""
+    import asyncio
+
+    from server.scheduling.runner import InstanceRunner
+
+    code = """
+    import asyncio
+    import threading
+
+    class TensorgateModel:
+        def execute(self, inputs):
+            asyncio.run(asyncio.sleep(0))  # fails on a thread that runs an event loop
+            return {"OUTPUT0": inputs["INPUT0"], "THREAD": threading.current_thread().name}
+    """
+    instance = _load(backend, tmp_path, code)
+    assert instance.may_run_inline is False
+    runner = InstanceRunner("py", instance)
+
+    async def many() -> None:
+        for _ in range(30):
+            got = await runner.run({"INPUT0": np.array([1.0], np.float32)}, ["OUTPUT0"])
+            assert got["OUTPUT0"].tolist() == [1.0]
+
+    asyncio.run(many())
+    runner.close()

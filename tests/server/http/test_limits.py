@@ -99,7 +99,9 @@ def test_admission_control_on_bodies_in_flight() -> None:
     """A slow upload holds its buffer; while it does, a request that would take the bodies in
     flight past --http-max-inflight-bytes is answered 503 at once, and is served again once the
     first one is done."""
-    process = start_server(EXAMPLES, args=("--http-max-inflight-bytes=300000",))
+    process = start_server(
+        EXAMPLES, args=("--http-max-inflight-bytes=300000", "--http-max-input-size=262144")
+    )
     try:
         assert process.port is not None, process.log
         body = b'{"inputs": []}'.ljust(150_000)
@@ -122,3 +124,60 @@ def test_admission_control_on_bodies_in_flight() -> None:
         assert status == 400, text  # admitted again; refused for its content
     finally:
         process.stop()
+
+
+def _chunked(body: bytes, size: int = 50_000) -> bytes:
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces) + b"0\r\n\r\n"
+
+
+def test_chunked_and_compressed_bodies_count_against_the_budget() -> None:
+    """A chunked body is charged as it grows; a compressed one what it may inflate to."""
+    import gzip
+
+    process = start_server(
+        EXAMPLES, args=("--http-max-inflight-bytes=300000", "--http-max-input-size=262144")
+    )
+    try:
+        assert process.port is not None, process.log
+        body = b'{"inputs": []}'.ljust(200_000)
+        with socket.create_connection(("127.0.0.1", process.port)) as sock:
+            sock.sendall(
+                b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body)
+            )
+            sock.settimeout(10)
+            assert sock.recv(100).startswith(b"HTTP/1.1 400"), "alone, it fits"
+        with socket.create_connection(("127.0.0.1", process.port)) as slow:
+            held = b'{"inputs": []}'.ljust(100_000)  # 128 KiB class
+            slow.sendall(
+                b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                + f"Content-Length: {len(held)}\r\n\r\n".encode() + held[:100]
+            )
+            time.sleep(0.3)
+            status, _, text = process.request(
+                "POST", "/v2/models/simple/infer", gzip.compress(body),
+                {"Content-Encoding": "gzip"},
+            )
+            assert status == 503 and b"--http-max-inflight-bytes" in text, text
+    finally:
+        process.stop()
+
+
+def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection() -> None:
+    process = start_server(EXAMPLES, args=("--http-max-input-size=1000",))
+    try:
+        with socket.create_connection(("127.0.0.1", process.port or 0)) as sock:
+            sock.sendall(
+                b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            sock.settimeout(10)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"100 (Continue)" not in answer, "no interim answer after the final one"
+    finally:
+        process.stop()
+    assert "Future exception was never retrieved" not in process.log, process.log

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from server.errors import InvalidArgument, NotFound, Unsupported
+from server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from server.memory import shared_memory
 from server.memory.shared_memory import (
     DISABLED,
     AlreadyExists,
@@ -120,3 +122,47 @@ def test_off_by_default_and_no_cuda_here(key: str) -> None:
     assert not enabled.cuda_available
     with pytest.raises(Unsupported, match="CUDA shared memory is not available"):
         enabled.register_cuda("c", b"\0" * 64, 0, 8)
+
+
+def test_symbolic_links_and_other_files_are_refused(key: str, tmp_path: Path) -> None:
+    """A key is opened as shm_open does (no link followed): a link under /dev/shm must not
+    reach a file elsewhere, and a key must name a regular file."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"TOPSECRET" * 10)
+    link = f"tg_link_{uuid.uuid4().hex}"
+    os.symlink(secret, f"/dev/shm/{link}")
+    folder = f"tg_dir_{uuid.uuid4().hex}"
+    os.mkdir(f"/dev/shm/{folder}")
+    try:
+        registry = SharedMemoryRegistry(enabled=True)
+        for bad in ("/" + link, "/" + folder):
+            with pytest.raises(InvalidArgument, match="invalid args"):
+                registry.register_system("r", bad, 0, 8)
+        assert registry.status("system", "") == []
+    finally:
+        os.unlink(f"/dev/shm/{link}")
+        os.rmdir(f"/dev/shm/{folder}")
+
+
+def test_reserved_prefix_with_a_slash_and_offsets_at_the_end(key: str) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    with pytest.raises(InvalidArgument, match="reserved prefix"):
+        registry.register_system("p", "/triton_python_backend_shm_region_1", 0, 16)
+    registry.register_system("r", key, 0, 64)
+    with registry.lease({"r"}) as lease:
+        with pytest.raises(InvalidArgument, match="Invalid offset for shared memory region"):
+            lease.read("r", 64, 0, "IN")
+        assert lease.read("r", 0, 0, "IN").nbytes == 0
+    registry.close()
+
+
+def test_the_number_of_regions_is_bounded(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_memory, "MAX_REGIONS", 3)
+    registry = SharedMemoryRegistry(enabled=True)
+    for index in range(3):
+        registry.register_system(f"r{index}", key, 0, 16)
+    with pytest.raises(Unavailable, match="3 regions are registered already"):
+        registry.register_system("r3", key, 0, 16)
+    registry.unregister("system", "r0")
+    registry.register_system("r3", key, 0, 16)
+    registry.close()

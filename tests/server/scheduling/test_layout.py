@@ -185,3 +185,28 @@ def test_validate_refuses_what_it_cannot_honour(change: str, message: str) -> No
 
 def test_validate_accepts_the_documented_config() -> None:
     validate_config(config())
+
+
+def test_bytes_inputs_get_a_fresh_buffer_every_batch() -> None:
+    """A reused object buffer would keep earlier batches' strings alive in its unused rows."""
+    layout = BatchLayout()
+    big = [Job({"s": np.array([[b"x" * 10]], dtype=object)}, ["y"]) for _ in range(4)]
+    small = [Job({"s": np.array([[b"y"]], dtype=object)}, ["y"]) for _ in range(2)]
+    buffers: dict[str, np.ndarray] = {}
+    first = layout.gather(big, buffers)["s"]
+    second = layout.gather(small, buffers)["s"]
+    assert not np.shares_memory(first, second)
+    assert second.shape == (2, 1) and list(second.ravel()) == [b"y", b"y"]
+    assert "s" not in buffers
+
+
+def test_an_optional_input_cannot_feed_a_batch_input() -> None:
+    text = (
+        'name: "m" max_batch_size: 4 '
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] optional: true } ] '
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ] '
+        'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "C" data_type: TYPE_INT32 '
+        'source_input: "X" } ]'
+    )
+    with pytest.raises(ModelLoadError, match="optional input 'X'"):
+        validate_config(config(text))
