@@ -132,6 +132,7 @@ async def serve(settings: Settings) -> int:
         except TimeoutError:
             log.warning("HTTP connections did not close within %d s", _CLOSE_TIMEOUT_SECS)
     await repository.close(None if finished else 0)
+    dataplane.shared_memory.close()
     log.info("stopped")
     return 0
 

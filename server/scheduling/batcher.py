@@ -124,6 +124,9 @@ class DynamicBatcher:
         layout: BatchLayout | None = None,
     ) -> None:
         self._name = name
+        # Messages name the model as clients know it: the loader labels batchers
+        # "<model>-<version>".
+        self._model = name.rpartition("-")[0] or name
         self._policy = policy
         self._layout = layout or BatchLayout()
         self._stats = stats
@@ -181,7 +184,7 @@ class DynamicBatcher:
             self._task.cancel()
         for pending in self._all_queued():
             if not pending.result.done():
-                pending.result.set_exception(Unavailable(f"model '{self._name}' was unloaded"))
+                pending.result.set_exception(Unavailable(f"model '{self._model}' was unloaded"))
         for runner in self._runners:
             runner.close(wait)
 
@@ -199,7 +202,7 @@ class DynamicBatcher:
         queued = len(self._queues[level]) + len(self._delayed[level])
         if queue_policy.max_queue_size and queued >= queue_policy.max_queue_size:
             raise Rejected(
-                f"inference request for model '{self._name}' was rejected: Exceeds maximum "
+                f"inference request for model '{self._model}' was rejected: Exceeds maximum "
                 "queue size"
             )
         timeout_us = queue_policy.timeout_us
