@@ -323,7 +323,10 @@ async def _retire(model: Model, wait_secs: float | None = None) -> None:
             )
             idle = await served.gate.wait_idle(60)
         if served.scheduler is not None:
-            # On the loop: schedulers touch loop objects when they close. Once idle, nothing
-            # runs on the instances, so joining their threads does not wait.
+            # Idle: each instance is released on its own worker thread (a slow release does
+            # not stall serving); forced: the threads are left to finish on their own.
             scheduler, served.scheduler = served.scheduler, None
-            scheduler.close(wait=idle)
+            if idle:
+                await scheduler.aclose()
+            else:
+                scheduler.close(wait=False)

@@ -180,13 +180,20 @@ class DynamicBatcher:
 
     def close(self, wait: bool = True) -> None:
         """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
+        self._stop()
+        for runner in self._runners:
+            runner.close(wait)
+
+    async def aclose(self) -> None:
+        self._stop()
+        await asyncio.gather(*(runner.aclose() for runner in self._runners))
+
+    def _stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
         for pending in self._all_queued():
             if not pending.result.done():
                 pending.result.set_exception(Unavailable(f"model '{self._model}' was unloaded"))
-        for runner in self._runners:
-            runner.close(wait)
 
     # --- queueing --------------------------------------------------------------------------
 

@@ -88,3 +88,6 @@ class DirectScheduler:
         """Stop the worker threads and release the instances."""
         for runner in self._runners:
             runner.close(wait)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(runner.aclose() for runner in self._runners))

@@ -37,3 +37,7 @@ class Scheduler(Protocol):
     def close(self, wait: bool = True) -> None:
         """Stop the instances' worker threads and release the instances (called on the
         event loop, once no request is running; ``wait=False`` when stopping by force)."""
+
+    async def aclose(self) -> None:
+        """``close()`` for an idle scheduler, releasing each instance on its own worker
+        thread so that the event loop keeps serving meanwhile."""

@@ -11,6 +11,7 @@ Large requests (by input size) always go to the thread, whatever the model's his
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -91,3 +92,9 @@ class InstanceRunner:
         self._thread.shutdown(wait=wait)
         if wait:
             self.instance.close()
+
+    async def aclose(self) -> None:
+        """Release the instance on its worker thread, then stop the thread: a slow release
+        (a Python model's ``finalize``, freeing device memory) never stalls the event loop."""
+        await asyncio.wrap_future(self._thread.submit(self.instance.close))
+        self._thread.shutdown(wait=False)

@@ -132,3 +132,36 @@ def test_cancelled_caller_waits_for_the_running_execution() -> None:
     # The cancellation came through only once the worker was done with the inputs.
     assert finished and finished[0] >= 0.1
     runner.close()
+
+
+class SlowToClose(RecordingInstance):
+    """Releasing takes a while (a Python model's finalize, say); records where it ran."""
+
+    def close(self) -> None:
+        time.sleep(0.3)
+        self.threads.append(threading.current_thread().name)
+        self.closed = True
+
+
+def test_aclose_releases_on_the_worker_thread_while_the_loop_serves() -> None:
+    instance = SlowToClose()
+    runner = InstanceRunner("m-0", instance)
+
+    async def scenario() -> int:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        await runner.aclose()
+        ticker.cancel()
+        return ticks
+
+    ticks = asyncio.run(scenario())
+    assert instance.closed
+    assert instance.threads[-1].startswith("m-0"), "released on its own thread"
+    assert ticks >= 10, f"the loop was stalled during the release ({ticks} ticks in 0.3 s)"
