@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import struct
@@ -77,17 +76,19 @@ def chunked_request(
     chunks: Iterable[bytes],
     headers: dict[str, str] | None = None,
 ) -> Response:
-    """POST ``chunks`` with ``Transfer-Encoding: chunked`` (one HTTP chunk per item)."""
+    """POST ``chunks`` with ``Transfer-Encoding: chunked`` (one HTTP chunk per item). A server
+    may answer (and close) before the last chunk is sent, as for an oversize body: the answer
+    is read whether or not all the chunks went out."""
     assert server.port is not None
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    try:
-        conn.request(
-            "POST", path, body=iter(list(chunks)), headers=headers or {}, encode_chunked=True
-        )
-        response = conn.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        conn.close()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    head += "".join(f"{key}: {value}\r\n" for key, value in (headers or {}).items())
+    body = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks if c)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        try:
+            sock.sendall(head.encode() + b"\r\n" + body + b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered already; the response is waiting to be read
+        return parse_raw_response(read_response(sock))
 
 
 def raw_exchange(server: ServerProcess, data: bytes, timeout: float = 10.0) -> bytes:
