@@ -33,3 +33,16 @@ async def run_in_thread(
         if not future.cancelled():
             future.exception()  # nobody reads the result: do not report it as unretrieved
         raise
+
+
+#: Codec work on more tensor bytes than this (parsing or writing a large JSON body, many
+#: BYTES elements) runs on a worker thread, so the loop keeps answering other clients.
+OFF_LOOP_BYTES = 1 << 20
+
+
+async def off_loop_if_large(nbytes: int, function: Callable[..., T], *args: object) -> T:
+    """``function(*args)``: inline for small payloads, on the default pool (through
+    ``run_in_thread``) above ``OFF_LOOP_BYTES``."""
+    if nbytes > OFF_LOOP_BYTES:
+        return await run_in_thread(None, function, *args)
+    return function(*args)

@@ -26,10 +26,9 @@ from server.generated import grpc_service_pb2 as pb
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.protocol import grpc_codec
 from server.repository.overrides import FILE_PREFIX
-from server.threads import run_in_thread
+from server.threads import off_loop_if_large
 
 log = logging.getLogger("server.grpc")
-_DECODE_OFF_LOOP_BYTES = 1 << 20  # requests above this are decoded on a worker thread
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -135,30 +134,32 @@ class InferenceServicer:
     async def ModelInfer(self, request: bytes, context: Context) -> bytes:
         """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice."""
         message, raw = grpc_codec.split_request(request)
-        return await self._infer(message, raw, len(request), final_flag=False)
+        return await self._infer(message, raw, len(request), stream=False)
 
     async def _infer(
         self,
         request: pb.ModelInferRequest,
         raw: list[memoryview],
         size: int,
-        final_flag: bool,
+        stream: bool,
     ) -> bytes:
+        """The serialized reply: a ``ModelInferResponse``, or with ``stream`` the
+        ``ModelStreamInferResponse`` carrying it."""
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
             spec = self._dataplane.model_spec(request.model_name, request.model_version)
             raw, pinned = self._pinned(raw)
             try:
-                if size > _DECODE_OFF_LOOP_BYTES:
-                    # Typed contents and BYTES elements are converted one by one: off the loop.
-                    decoded = await run_in_thread(
-                        None, grpc_codec.decode_request, request, spec, raw
-                    )
-                else:
-                    decoded = grpc_codec.decode_request(request, spec, raw)
+                # Typed contents and BYTES elements are converted one by one.
+                decoded = await off_loop_if_large(
+                    size, grpc_codec.decode_request, request, spec, raw
+                )
                 response = await self._dataplane.infer(decoded)
-                # The reply is new bytes: outputs that are views of the inputs are copied now.
-                return grpc_codec.encode_response_bytes(response, final_flag)
+                # The reply is new bytes: outputs that are views of the inputs are copied now,
+                # before the buffers they view are released.
+                return await off_loop_if_large(
+                    response.payload_bytes, grpc_codec.encode_response_bytes, response, stream
+                )
             finally:
                 if pinned is not None:
                     pinned.release()
@@ -196,9 +197,7 @@ class InferenceServicer:
             request = pb.ModelInferRequest()
             try:
                 request, raw = grpc_codec.split_request(data)
-                reply = grpc_codec.stream_reply_bytes(
-                    await self._infer(request, raw, len(data), final_flag=True)
-                )
+                reply = await self._infer(request, raw, len(data), stream=True)
             except Exception as exc:
                 error = to_server_error(exc)
                 if isinstance(error, InternalError):

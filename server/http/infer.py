@@ -24,10 +24,9 @@ from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
 from server.protocol import binary, rest_codec
 from server.protocol.types import InferRequest
-from server.threads import run_in_thread
+from server.threads import off_loop_if_large, run_in_thread
 
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
-_DECODE_OFF_LOOP_BYTES = 1 << 20  # bodies above this are decoded on a worker thread
 _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is read and dropped
 
 
@@ -136,15 +135,14 @@ class InferHandler(BaseHandler):
         header_length = binary.parse_header_length(
             self.request.headers.get("Inference-Header-Content-Length"), len(body)
         )
-        if len(body) > _DECODE_OFF_LOOP_BYTES:
-            # Parsing a large JSON header or many BYTES elements takes a while: keep the loop
-            # answering other clients meanwhile.
-            request = await run_in_thread(None, self._decode, body, header_length, model, version)
-        else:
-            request = self._decode(body, header_length, model, version)
+        request = await off_loop_if_large(
+            len(body), self._decode, body, header_length, model, version
+        )
         self._request_id = request.id
         response = await self.dataplane.infer(request)
-        encoded = rest_codec.encode_response(response, request)
+        encoded = await off_loop_if_large(
+            response.payload_bytes, rest_codec.encode_response, response, request
+        )
         await self._write_response(encoded)
 
     def _decode(
@@ -171,7 +169,8 @@ class InferHandler(BaseHandler):
         if compression is not None:
             self.set_header("Content-Encoding", compression)
             # zlib releases the GIL: deflate off the event loop.
-            self.finish(await asyncio.to_thread(http_body.compress, parts, compression))
+            # run_in_thread: the parts may view the request buffer, released once this returns.
+            self.finish(await run_in_thread(None, http_body.compress, parts, compression))
             return
         if encoded.size <= _SMALL_RESPONSE:
             self.finish(b"".join(parts))

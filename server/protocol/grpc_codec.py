@@ -279,9 +279,10 @@ def split_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview]]:
         raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
 
 
-def encode_response_bytes(response: InferResponse, final_flag: bool = False) -> bytes:
+def encode_response_bytes(response: InferResponse, stream: bool = False) -> bytes:
     """The serialized ``ModelInferResponse``: header fields by protobuf, then one
-    ``raw_output_contents`` entry per output, in order, written directly."""
+    ``raw_output_contents`` entry per output, in order, written directly. With ``stream``, the
+    ``ModelStreamInferResponse`` carrying it (flagged final), in the same single copy."""
     header = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -295,11 +296,10 @@ def encode_response_bytes(response: InferResponse, final_flag: bool = False) -> 
             continue
         blob = tensor_to_bytes(output.data, output.datatype)
         parts += [_RAW_OUTPUT_TAG, _varint(blob.nbytes), blob]
-    if final_flag:
+    if stream:
         header.parameters[FINAL_RESPONSE].bool_param = True
-    return b"".join([header.SerializeToString(), *parts])
-
-
-def stream_reply_bytes(infer_response: bytes) -> bytes:
-    """A serialized ``ModelStreamInferResponse`` carrying an already serialized response."""
-    return b"".join([_INFER_RESPONSE_TAG, _varint(len(infer_response)), infer_response])
+    head = header.SerializeToString()
+    if not stream:
+        return b"".join([head, *parts])
+    size = len(head) + sum(len(part) for part in parts)
+    return b"".join([_INFER_RESPONSE_TAG, _varint(size), head, *parts])

@@ -74,3 +74,8 @@ class InferResponse:
     outputs: list[OutputTensor]
     id: str | None = None
     parameters: Parameters = field(default_factory=dict)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Tensor bytes the encoders will write (outputs in shared memory excluded)."""
+        return sum(o.data.nbytes for o in self.outputs if o.shared_memory is None)

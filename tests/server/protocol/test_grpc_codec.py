@@ -20,7 +20,6 @@ from server.protocol.grpc_codec import (
     encode_response_bytes,
     parameter_value,
     split_request,
-    stream_reply_bytes,
 )
 from server.protocol.shared_memory_params import SharedMemoryRef
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
@@ -542,8 +541,12 @@ def test_model_version_and_id() -> None:
 
 
 def encode_response(response: InferResponse, final_flag: bool = False) -> pb.ModelInferResponse:
-    """What the server sends, parsed back by protobuf."""
-    return pb.ModelInferResponse.FromString(encode_response_bytes(response, final_flag))
+    """What the server sends, parsed back by protobuf (flagged final: a stream's reply)."""
+    if not final_flag:
+        return pb.ModelInferResponse.FromString(encode_response_bytes(response))
+    reply = pb.ModelStreamInferResponse.FromString(encode_response_bytes(response, stream=True))
+    assert reply.error_message == ""
+    return reply.infer_response
 
 
 def _expected_message(response: InferResponse, final_flag: bool) -> pb.ModelInferResponse:
@@ -805,12 +808,11 @@ def _all_outputs() -> list[OutputTensor]:
     return outputs
 
 
-@pytest.mark.parametrize("final_flag", [False, True])
-def test_encode_response_bytes_is_the_serialized_response(final_flag: bool) -> None:
+def test_encode_response_bytes_is_the_serialized_response() -> None:
     response = _response(*_all_outputs(), id="r1")
-    wire = encode_response_bytes(response, final_flag)
+    wire = encode_response_bytes(response)
     parsed = pb.ModelInferResponse.FromString(wire)
-    assert parsed == _expected_message(response, final_flag)
+    assert parsed == _expected_message(response, False)
     assert len(parsed.raw_output_contents) == len(response.outputs)
     assert parsed.raw_output_contents[-2] == np.arange(6, dtype="<i4").tobytes()
 
@@ -821,9 +823,9 @@ def test_encode_response_bytes_without_outputs_or_id() -> None:
     assert parsed == pb.ModelInferResponse(model_name="m", model_version="2")
 
 
-def test_stream_reply_bytes_wraps_the_response() -> None:
+def test_stream_reply_wraps_the_final_response() -> None:
     response = _response(*_all_outputs(), id="s1")
-    wire = stream_reply_bytes(encode_response_bytes(response, True))
+    wire = encode_response_bytes(response, stream=True)
     parsed = pb.ModelStreamInferResponse.FromString(wire)
     assert parsed.error_message == ""
     assert parsed.infer_response == _expected_message(response, True)
