@@ -11,7 +11,8 @@ import orjson
 import tornado.web
 
 from server.dataplane import DataPlane
-from server.errors import InferenceServerError, InternalError
+from server.errors import InferenceServerError, InternalError, InvalidArgument
+from server.protocol.rest_codec import parse_json
 from server.settings import Settings
 
 log = logging.getLogger("server.http")
@@ -34,6 +35,15 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def compute_etag(self) -> None:
         return None  # V2 answers are not cacheable resources
+
+    def body_object(self, what: str) -> dict[str, Any]:
+        """The request body as a JSON object (an empty body is an empty object); 400 else."""
+        if not self.request.body.strip():
+            return {}
+        body = parse_json(self.request.body, what)
+        if not isinstance(body, dict):
+            raise InvalidArgument(f"the {what} must be a JSON object")
+        return body
 
     def write_json(self, body: Any) -> None:
         self.set_header("Content-Type", "application/json")

@@ -152,8 +152,7 @@ class InferHandler(BaseHandler):
         # else is wrong with the body.
         spec = self.dataplane.model_spec(model, version)
         if header_length == 0:
-            config = self.dataplane.model_config(model, version)
-            return rest_codec.decode_raw_request(body, config, version)
+            return rest_codec.decode_raw_request(body, spec, version)
         split = len(body) if header_length is None else header_length
         header = rest_codec.parse_json(body[:split], "inference request")
         return rest_codec.decode_request(header, body[split:], model, version, spec)

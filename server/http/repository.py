@@ -9,18 +9,7 @@ from typing import Any
 from server.errors import InvalidArgument
 from server.http.base import BaseHandler
 from server.observability.statistics import statistics_json
-from server.protocol.rest_codec import parse_json
 from server.repository.overrides import FILE_PREFIX
-
-
-def _body_object(handler: BaseHandler, what: str) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is an empty object."""
-    if not handler.request.body.strip():
-        return {}
-    body = parse_json(handler.request.body, what)
-    if not isinstance(body, dict):
-        raise InvalidArgument(f"the {what} must be a JSON object")
-    return body
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -34,7 +23,7 @@ class RepositoryIndexHandler(BaseHandler):
     SUPPORTED_METHODS = ("POST",)
 
     def post(self) -> None:
-        ready = _body_object(self, "repository index request").get("ready", False)
+        ready = self.body_object("repository index request").get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument("Invalid value for 'ready': expected a boolean")
         self.write_json(self.dataplane.repository_index(ready))
@@ -44,7 +33,7 @@ class RepositoryLoadHandler(BaseHandler):
     SUPPORTED_METHODS = ("POST",)
 
     async def post(self, model: str, action: str) -> None:
-        params = _parameters(_body_object(self, f"model {action} request"))
+        params = _parameters(self.body_object(f"model {action} request"))
         if action == "unload":
             dependents = params.get("unload_dependents", False)
             if not isinstance(dependents, bool):

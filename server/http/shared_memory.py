@@ -13,7 +13,6 @@ from typing import Any
 
 from server.errors import InvalidArgument
 from server.http.base import BaseHandler
-from server.protocol.rest_codec import parse_json
 
 _KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
 
@@ -35,7 +34,7 @@ class SharedMemoryHandler(BaseHandler):
         elif action == "register":
             if not region:
                 raise InvalidArgument("registering a shared memory region needs its name")
-            body = self._body()
+            body = self.body_object("shared memory register request")
             if kind == "system":
                 registry.register_system(
                     region,
@@ -54,12 +53,6 @@ class SharedMemoryHandler(BaseHandler):
             self.send_error(405)
             return
         self.finish()
-
-    def _body(self) -> dict[str, Any]:
-        body = parse_json(self.request.body or b"{}", "shared memory register request")
-        if not isinstance(body, dict):
-            raise InvalidArgument("the shared memory register request must be a JSON object")
-        return body
 
 
 def _string(body: dict[str, Any], key: str) -> str:

@@ -24,16 +24,19 @@ from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count, reshape
 from server.protocol.shared_memory_params import KEYS as SHM_KEYS
 from server.protocol.shared_memory_params import shared_memory_ref
-from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from server.protocol.types import (
+    SHARED_MEMORY_PENDING,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
 from server.protocol.validation import check_input
 
 #: Reserved keys the C++ client sends on every request (accepted, no effect on a
 #: non-decoupled model).
 ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
 FINAL_RESPONSE = "triton_final_response"
-#: The data of an input in shared memory until the data plane reads it from the region.
-_PENDING = np.empty(0, dtype=np.uint8)
-
 # datatype name -> the InferTensorContents field that carries it
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -143,7 +146,7 @@ def _decode_input(
             raise InvalidArgument(
                 f"input '{name}' sets 'shared_memory_region' and also carries contents"
             )
-        return InputTensor(name, datatype, shape, _PENDING, params, region)
+        return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region)
     if raw is not None:
         data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model)
     else:

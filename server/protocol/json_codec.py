@@ -18,7 +18,7 @@ from server.protocol.shapes import element_count, reshape
 MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting
 
 
-def _flatten(data: list[Any], name: str) -> list[Any]:
+def _flatten(data: list[Any]) -> list[Any]:
     """Row-major flattening of nested lists without recursion (depth is bounded, not the stack)."""
     if not any(type(item) is list for item in data):
         return data
@@ -51,7 +51,7 @@ def decode_data(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
     """Turn the JSON ``data`` of input ``name`` into a numpy array of ``shape``."""
     if type(data) is not list:
         data = [data]
-    flat = _flatten(data, name)
+    flat = _flatten(data)
     expected = element_count(shape)
     if len(flat) > expected:
         raise InvalidArgument(

@@ -14,7 +14,6 @@ import numpy as np
 import orjson
 
 from server.errors import InvalidArgument, Unsupported
-from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes, json_codec
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
@@ -23,11 +22,14 @@ from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
 from server.protocol.shapes import element_count
 from server.protocol.shared_memory_params import REGION, shared_memory_ref
-from server.protocol.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from server.protocol.types import (
+    SHARED_MEMORY_PENDING,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
 from server.protocol.validation import check_input
-
-#: The data of an input in shared memory until the data plane reads it from the region.
-_PENDING = np.empty(0, dtype=np.uint8)
 
 
 @dataclass
@@ -147,7 +149,7 @@ def _decode_input(
             raise InvalidArgument(
                 f"input '{name}' sets '{REGION}' and also carries data; it must be one or the other"
             )
-        return InputTensor(name, datatype, shape, _PENDING, params, region), offset
+        return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region), offset
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
@@ -193,46 +195,44 @@ def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput]:
     return outputs
 
 
-def decode_raw_request(
-    body: memoryview, config: mc.ModelConfig, model_version: str
-) -> InferRequest:
+def decode_raw_request(body: memoryview, spec: ModelSpec, model_version: str) -> InferRequest:
     """A raw binary request (``Inference-Header-Content-Length: 0``): the body is the one input,
-    batch 1, its shape deduced from the config."""
-    model = config.name
-    if len(config.input) != 1:
+    batch 1, its shape deduced from the model's spec."""
+    model = spec.name
+    if len(spec.inputs) != 1:
         raise InvalidArgument(
             f"Raw request must only have 1 input (found 1) to be deduced but got "
-            f"{len(config.input)} inputs in '{model}' model configuration"
+            f"{len(spec.inputs)} inputs in '{model}' model configuration"
         )
-    spec = config.input[0]
-    datatype = datatypes.from_config_enum(spec.data_type)
-    dims = list(spec.dims)
+    (tensor,) = spec.inputs.values()
+    datatype = tensor.datatype
+    dims = list(tensor.dims)
     if datatype.is_bytes:
         if dims != [1]:
             raise InvalidArgument(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+                f"For BYTE datatype raw input '{tensor.name}', the model must have input shape [1]"
             )
         # The body is the one element itself, not length-prefixed.
-        data = _single_bytes_element(body)
-        shape: tuple[int, ...] = (1, 1) if config.max_batch_size > 0 else (1,)
-        return _raw_request(config, model_version, spec.name, datatype, shape, data)
+        shape: tuple[int, ...] = (1, 1) if spec.batching else (1,)
+        data = _single_bytes_element(body).reshape(shape)
+        return _raw_request(spec, model_version, tensor.name, datatype, shape, data)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
         raise InvalidArgument(
-            f"The shape of the raw input '{spec.name}' can not be deduced because there are "
+            f"The shape of the raw input '{tensor.name}' can not be deduced because there are "
             "more than one variable-sized dimension"
         )
     if variable:
         fixed = element_count(tuple(d for d in dims if d != -1)) * datatype.itemsize
         if fixed == 0 or len(body) % fixed:
             raise InvalidArgument(
-                f"the raw input '{spec.name}' of {len(body)} bytes is not a whole number of "
+                f"the raw input '{tensor.name}' of {len(body)} bytes is not a whole number of "
                 f"elements of shape {dims} for model '{model}'"
             )
         dims[variable[0]] = len(body) // fixed
-    shape = (1, *dims) if config.max_batch_size > 0 else tuple(dims)
-    data = tensor_from_bytes(body, datatype, shape, spec.name, model)
-    return _raw_request(config, model_version, spec.name, datatype, shape, data)
+    shape = (1, *dims) if spec.batching else tuple(dims)
+    data = tensor_from_bytes(body, datatype, shape, tensor.name, model)
+    return _raw_request(spec, model_version, tensor.name, datatype, shape, data)
 
 
 def _single_bytes_element(body: memoryview) -> np.ndarray:
@@ -242,7 +242,7 @@ def _single_bytes_element(body: memoryview) -> np.ndarray:
 
 
 def _raw_request(
-    config: mc.ModelConfig,
+    spec: ModelSpec,
     model_version: str,
     name: str,
     datatype: DataType,
@@ -250,9 +250,9 @@ def _raw_request(
     data: np.ndarray,
 ) -> InferRequest:
     return InferRequest(
-        config.name,
+        spec.name,
         model_version,
-        [InputTensor(name, datatype, shape, data.reshape(shape))],
+        [InputTensor(name, datatype, shape, data)],
         None,
         None,
         {"binary_data_output": True},

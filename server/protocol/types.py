@@ -18,6 +18,10 @@ from server.protocol.shared_memory_params import SharedMemoryRef
 Parameters = dict[str, Any]
 
 
+#: ``InputTensor.data`` of an input in shared memory until the data plane reads it there.
+SHARED_MEMORY_PENDING = np.empty(0, dtype=np.uint8)
+
+
 @dataclass
 class InputTensor:
     """A decoded input: ``data`` has the datatype's dtype and exactly ``prod(shape)`` elements."""

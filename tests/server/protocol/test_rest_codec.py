@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from server.errors import InvalidArgument, Unsupported
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes
+from server.protocol.model_spec import ModelSpec
 from server.protocol.rest_codec import (
     EncodedResponse,
     decode_raw_request,
@@ -403,7 +404,7 @@ def test_raw_request_needs_exactly_one_input() -> None:
         'input { name: "C" data_type: TYPE_FP32 dims: [1] }'
     )
     with pytest.raises(InvalidArgument) as err:
-        decode_raw_request(memoryview(b"\x00" * 4), config, "1")
+        decode_raw_request(memoryview(b"\x00" * 4), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
         "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in "
         "'multi' model configuration"
@@ -415,7 +416,7 @@ def test_raw_request_two_variable_dims() -> None:
         'name: "m" max_batch_size: 4 input { name: "INPUT0" data_type: TYPE_FP16 dims: [-1, -1] }'
     )
     with pytest.raises(InvalidArgument) as err:
-        decode_raw_request(memoryview(b"\x00" * 4), config, "1")
+        decode_raw_request(memoryview(b"\x00" * 4), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
         "The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
         "variable-sized dimension"
@@ -426,7 +427,7 @@ def test_raw_request_two_variable_dims() -> None:
 def test_raw_request_bytes_needs_shape_one(dims: str) -> None:
     config = _config(f'name: "m" input {{ name: "INPUT0" data_type: TYPE_STRING dims: {dims} }}')
     with pytest.raises(InvalidArgument) as err:
-        decode_raw_request(memoryview(b"abc"), config, "1")
+        decode_raw_request(memoryview(b"abc"), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
         "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"
     )
@@ -437,7 +438,7 @@ def test_raw_request_deduces_the_variable_dim_with_batching() -> None:
         'name: "raw" max_batch_size: 8 input { name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }'
     )
     body = bytearray(np.arange(5, dtype=np.float32).tobytes())
-    request = decode_raw_request(memoryview(body), config, "3")
+    request = decode_raw_request(memoryview(body), ModelSpec.from_config(config), "3")
     assert request.model_name == "raw" and request.model_version == "3"
     assert request.parameters == {"binary_data_output": True}
     assert request.outputs is None and request.id is None
@@ -452,7 +453,7 @@ def test_raw_request_deduces_the_variable_dim_with_batching() -> None:
 def test_raw_request_deduces_a_middle_variable_dim_without_batching() -> None:
     config = _config('name: "raw" input { name: "X" data_type: TYPE_INT16 dims: [2, -1, 3] }')
     body = np.arange(24, dtype=np.int16).tobytes()
-    request = decode_raw_request(memoryview(body), config, "1")
+    request = decode_raw_request(memoryview(body), ModelSpec.from_config(config), "1")
     assert request.inputs[0].shape == (2, 4, 3)
     assert request.inputs[0].data.reshape(-1).tolist() == list(range(24))
 
@@ -461,7 +462,7 @@ def test_raw_request_fixed_shape() -> None:
     config = _config(
         'name: "raw" max_batch_size: 2 input { name: "X" data_type: TYPE_INT32 dims: [4] }'
     )
-    request = decode_raw_request(memoryview(np.arange(4, dtype=np.int32).tobytes()), config, "1")
+    request = decode_raw_request(memoryview(np.arange(4, dtype=np.int32).tobytes()), ModelSpec.from_config(config), "1")
     assert request.inputs[0].shape == (1, 4)
     assert request.inputs[0].data.tolist() == [[0, 1, 2, 3]]
 
@@ -471,7 +472,7 @@ def test_raw_request_fixed_shape_size_mismatch() -> None:
         'name: "raw" max_batch_size: 2 input { name: "X" data_type: TYPE_INT32 dims: [4] }'
     )
     with pytest.raises(InvalidArgument) as err:
-        decode_raw_request(memoryview(b"\x00" * 20), config, "1")
+        decode_raw_request(memoryview(b"\x00" * 20), ModelSpec.from_config(config), "1")
     assert (
         str(err.value)
         == "input byte size mismatch for input 'X' for model 'raw'. Expected 16, got 20"
@@ -481,7 +482,7 @@ def test_raw_request_fixed_shape_size_mismatch() -> None:
 def test_raw_request_not_a_whole_number_of_elements() -> None:
     config = _config('name: "raw" input { name: "X" data_type: TYPE_FP32 dims: [-1, 2] }')
     with pytest.raises(InvalidArgument) as err:
-        decode_raw_request(memoryview(b"\x00" * 12), config, "1")
+        decode_raw_request(memoryview(b"\x00" * 12), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
         "the raw input 'X' of 12 bytes is not a whole number of elements of shape [-1, 2] for "
         "model 'raw'"
@@ -495,7 +496,7 @@ def test_raw_request_bytes_is_the_element_itself(batching: bool, shape: tuple[in
         f'name: "s" max_batch_size: {mbs} input {{ name: "S" data_type: TYPE_STRING dims: [1] }}'
     )
     body = b"\x00\xffraw bytes, not length-prefixed"
-    request = decode_raw_request(memoryview(body), config, "1")
+    request = decode_raw_request(memoryview(body), ModelSpec.from_config(config), "1")
     (tensor,) = request.inputs
     assert tensor.datatype is DT["BYTES"]
     assert tensor.shape == shape
@@ -668,7 +669,7 @@ def test_encode_raw_request_response_is_all_binary() -> None:
     config = _config(
         'name: "m" max_batch_size: 4 input { name: "X" data_type: TYPE_INT32 dims: [-1] }'
     )
-    request = decode_raw_request(memoryview(np.arange(3, dtype=np.int32).tobytes()), config, "1")
+    request = decode_raw_request(memoryview(np.arange(3, dtype=np.int32).tobytes()), ModelSpec.from_config(config), "1")
     encoded = encode_response(_response(), request)
     assert len(encoded.blobs) == 3
     assert all("data" not in o for o in _header(encoded)["outputs"])
