@@ -38,6 +38,7 @@ from server.repository.manager import ModelRepository
 from server.request_gate import RequestGate
 from server.scheduling.job import Job
 from server.settings import Settings
+from server.threads import off_loop_if_large
 
 log = logging.getLogger("server")
 T = TypeVar("T")
@@ -138,8 +139,13 @@ class DataPlane:
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
         try:
-            if lease is not None:
-                _read_shared_inputs(request, lease)
+            if lease is not None:  # region copies and parsing: off the loop when large
+                await off_loop_if_large(
+                    sum(t.shared_memory.byte_size for t in request.inputs if t.shared_memory),
+                    _read_shared_inputs,
+                    request,
+                    lease,
+                )
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
             job = Job(
@@ -160,7 +166,13 @@ class DataPlane:
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
                 outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
             if lease is not None:
-                _write_shared_outputs(request, outputs, lease)
+                await off_loop_if_large(
+                    sum(o.data.nbytes for o in outputs),
+                    _write_shared_outputs,
+                    request,
+                    outputs,
+                    lease,
+                )
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
             self._log_request(request, served, "CANCELED", start)

@@ -32,7 +32,7 @@ from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
 from server.scheduling.layout import BatchLayout, ShapeKey
-from server.scheduling.runner import InstanceRunner
+from server.scheduling.runner import SMALL_REQUEST_BYTES, InstanceRunner, request_bytes
 
 log = logging.getLogger(__name__)
 
@@ -391,9 +391,18 @@ class DynamicBatcher:
         jobs = [p.job for p in batch]
         try:
             buffers = self._buffers.setdefault(id(runner), {})
-            inputs = self._layout.gather(jobs, buffers)
             names = _union_outputs(batch)
-            outputs = _unaliased(await runner.run(inputs, names), buffers)
+            if sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:
+                # Gathering a large batch copies as many bytes as it holds: on the instance's
+                # thread with the execution, not on the loop.
+                outputs = await runner.run_batch(
+                    lambda: self._layout.gather(jobs, buffers),
+                    names,
+                    lambda produced: _unaliased(produced, buffers),
+                )
+            else:
+                inputs = self._layout.gather(jobs, buffers)
+                outputs = _unaliased(await runner.run(inputs, names), buffers)
             computed = time.perf_counter_ns() - started
             answers = self._layout.scatter(self._name, jobs, outputs)
             for pending, answer in zip(batch, answers):
@@ -401,8 +410,6 @@ class DynamicBatcher:
                 self._succeed(pending, answer)
             if self._stats is not None:
                 self._stats.record_execution(rows, 0, computed, 0)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a model fault fails every request of the batch
             for pending in batch:
                 self._fail(pending, exc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -68,6 +68,20 @@ class InstanceRunner:
         if small and self.small_runs_inline and self.instance.may_run_inline:
             return self._timed(inputs, output_names, small)
         return await run_in_thread(self._thread, self._timed, inputs, output_names, small)
+
+    async def run_batch(
+        self,
+        prepare: Callable[[], Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    ) -> dict[str, np.ndarray]:
+        """``finish(execute(prepare()))`` on the worker thread: for large batches, whose
+        gathering and copies cost as much as running them. Cancellation waits as in ``run``."""
+
+        def work() -> dict[str, np.ndarray]:
+            return finish(self.instance.execute(prepare(), output_names))
+
+        return await run_in_thread(self._thread, work)
 
     def _timed(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1147,3 +1148,35 @@ def test_requests_with_different_optional_inputs_are_not_merged() -> None:
     results = asyncio.run(scenario())
     assert [float(r["OUT"][0, 0]) for r in results] == [2.0, 6.0, 10.0]
     batcher.close()
+
+
+def test_large_batches_are_gathered_on_the_instance_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Gathering copies as many bytes as the batch holds: for batches above the small-request
+    size it happens on the instance's thread, with the execution; answers are unchanged."""
+    gathered_on: list[str] = []
+    original = BatchLayout.gather
+
+    def recording(self: BatchLayout, jobs: Any, buffers: Any) -> Any:
+        gathered_on.append(threading.current_thread().name)
+        return original(self, jobs, buffers)
+
+    monkeypatch.setattr(BatchLayout, "gather", recording)
+    model = FakeModel()
+    width = 10_000  # 40 KB a row: two rows pass the 64 KiB small-request size
+
+    async def scenario() -> None:
+        async with serving(model, BatchingPolicy(max_batch_size=8)) as batcher:
+            small = await submit(batcher, job(1, 1))
+            await results(small)
+            big = await submit(batcher, job(2, 1, width=width), job(3, 1, width=width))
+            answers = await results(big)
+            assert_own_rows(answers[0], 2, 1, width=width)
+            assert_own_rows(answers[1], 3, 1, width=width)
+
+    asyncio.run(scenario())
+    main = threading.current_thread().name
+    assert gathered_on[0] == main, "a small batch is gathered on the loop"
+    assert gathered_on[-1].startswith("fake-"), gathered_on
+    assert model.batch_rows()[-1] == 2
