@@ -103,8 +103,10 @@ class DataPlane:
         served = self._repository.version(name, version)
         config = _required(served.config)
         spec = _required(served.spec)
-        served_versions = self._ready_versions(name)
-        versions = [str(served.version)] if version else [str(v) for v in served_versions]
+        if version:
+            versions = [str(served.version)]
+        else:
+            versions = [str(v) for v in self._repository.model(name).ready_versions()]
         return {
             "name": name,
             "versions": versions,
@@ -112,9 +114,6 @@ class DataPlane:
             "inputs": [_tensor_metadata(t, spec.batching) for t in spec.inputs.values()],
             "outputs": [_tensor_metadata(t, spec.batching) for t in spec.outputs.values()],
         }
-
-    def _ready_versions(self, name: str) -> list[int]:
-        return self._repository.model(name).ready_versions()
 
     def model_spec(self, name: str, version: str) -> ModelSpec:
         """What requests to this model are checked against (raises for unknown models)."""

@@ -10,51 +10,32 @@ with a clear error.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
 from backends.base import Backend, ModelInstance, ModelSignature, Placement, TensorInfo
 from backends.onnxruntime.iobinding import CudaDevice, IoBindingInstance
+from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_TYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
 from server.cuda.devices import device_count, require_cupy
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.memory.device_pool import DevicePools
 from server.protocol import datatypes
+from server.settings import DEFAULT_CUDA_POOL_BYTES
 
 log = logging.getLogger(__name__)
 
-# ONNX Runtime NodeArg.type -> V2 datatype name
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(bfloat16)": "BF16",
-    "tensor(string)": "BYTES",
-}
 # Models load on several threads at once; ONNX Runtime session creation is done one at a time
 # (it holds the GIL for most of it anyway, and concurrent creation has had thread-safety bugs).
 _SESSION_CREATION = threading.Lock()
 _CPU_PROVIDER = "CPUExecutionProvider"
 _CUDA_PROVIDER = "CUDAExecutionProvider"
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16; onnx itself is not a runtime dependency
 _GRAPH_LEVELS = {
     -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -63,7 +44,7 @@ _GRAPH_LEVELS = {
 
 
 def _tensor_info(arg: ort.NodeArg, model: str) -> TensorInfo:
-    type_name = _ORT_TYPES.get(arg.type)
+    type_name = ORT_TYPES.get(arg.type)
     if type_name is None:
         raise ModelLoadError(
             f"unable to load model '{model}': tensor '{arg.name}' has unsupported type {arg.type}"
@@ -85,7 +66,7 @@ class OnnxRuntimeBackend(Backend):
         """``options`` are ``--backend-config=onnxruntime,<key>=<value>`` settings;
         ``device_pools`` hold GPU instances' input buffers (``--cuda-memory-pool-byte-size``)."""
         self._options = dict(options or {})
-        self._device_pools = device_pools or DevicePools(lambda device: 1 << 26)
+        self._device_pools = device_pools or DevicePools(lambda device: DEFAULT_CUDA_POOL_BYTES)
 
     def gpu_count(self) -> int:
         """GPUs usable for KIND_AUTO: CuPy's devices, if this onnxruntime has the CUDA provider."""
@@ -97,11 +78,7 @@ class OnnxRuntimeBackend(Backend):
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         model = model_path.parent.parent.name  # <repo>/<model>/<version>/model.onnx
-        session = self._session(model_path, options, model)
-        return ModelSignature(
-            tuple(_tensor_info(arg, model) for arg in session.get_inputs()),
-            tuple(_tensor_info(arg, model) for arg in session.get_outputs()),
-        )
+        return _signature(self._session(model_path, options, model), model)
 
     def load_instance(
         self, model_path: Path, config: mc.ModelConfig, placement: Placement
@@ -265,7 +242,7 @@ class OnnxRuntimeInstance(ModelInstance):
             if array.dtype == object:
                 feeds[name] = bytes_to_strings(array)
             else:
-                has_bf16 = has_bf16 or array.dtype == _BF16
+                has_bf16 = has_bf16 or array.dtype == BF16
                 feeds[name] = array
         if has_bf16:
             results = self._run_ort_values(feeds, names)
@@ -281,9 +258,9 @@ class OnnxRuntimeInstance(ModelInstance):
         values = {
             name: (
                 ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    np.ascontiguousarray(array), _ONNX_BFLOAT16
+                    np.ascontiguousarray(array), ONNX_BFLOAT16
                 )
-                if array.dtype == _BF16
+                if array.dtype == BF16
                 else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
             )
             for name, array in feeds.items()
@@ -291,9 +268,5 @@ class OnnxRuntimeInstance(ModelInstance):
         outputs = self._session.run_with_ort_values(names, values)
         results = []
         for name, value in zip(names, outputs):
-            if name in self._bf16_outputs:
-                raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
-                results.append(np.frombuffer(raw, dtype=_BF16).reshape(value.shape()))
-            else:
-                results.append(value.numpy())
+            results.append(ort_value_to_numpy(value))
         return results

@@ -19,49 +19,27 @@ element type.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
 from backends.base import ModelInstance
+from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_DTYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import strings_to_bytes
 from server.memory.device_pool import DevicePools
-
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
-# OrtValue.data_type() -> numpy dtype of the values it holds
-_ORT_DTYPES = {
-    "tensor(bool)": np.dtype(np.bool_),
-    "tensor(uint8)": np.dtype(np.uint8),
-    "tensor(uint16)": np.dtype(np.uint16),
-    "tensor(uint32)": np.dtype(np.uint32),
-    "tensor(uint64)": np.dtype(np.uint64),
-    "tensor(int8)": np.dtype(np.int8),
-    "tensor(int16)": np.dtype(np.int16),
-    "tensor(int32)": np.dtype(np.int32),
-    "tensor(int64)": np.dtype(np.int64),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(double)": np.dtype(np.float64),
-    "tensor(bfloat16)": _BF16,
-}
+from server.memory.host_pool import size_class
 
 
 def element_type(dtype: np.dtype) -> Any:
     """What ``bind_input``/``bind_output`` take as the element type of ``dtype``."""
-    return _ONNX_BFLOAT16 if dtype == _BF16 else dtype.type
+    return ONNX_BFLOAT16 if dtype == BF16 else dtype.type
 
 
 def host_value(value: ort.OrtValue) -> np.ndarray:
-    """A host OrtValue as numpy (BF16 through its raw bytes: ORT's numpy bridge has none)."""
-    if value.data_type() == "tensor(bfloat16)":
-        raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
-        return np.frombuffer(raw, dtype=_BF16).reshape(value.shape())
-    array = value.numpy()
+    """A host OrtValue as numpy, strings mapped back to bytes."""
+    array = ort_value_to_numpy(value)
     return strings_to_bytes(array) if array.dtype == object else array
 
 
@@ -118,7 +96,7 @@ class CudaDevice:
         """A device array shaped like ``array`` on this input's reused buffer."""
         buffer = self._buffers.get(name)
         if buffer is None or buffer.nbytes < array.nbytes:
-            capacity = 1 << max(array.nbytes - 1, 1).bit_length()  # grow by powers of two
+            capacity = size_class(array.nbytes, minimum=2)  # grow by powers of two
             try:
                 buffer = self._pools.empty(self.device_id, capacity)
             except self._cupy.cuda.memory.OutOfMemoryError:
@@ -156,7 +134,7 @@ class CudaDevice:
                 if value.device_name().lower() != "cuda":  # strings, CPU-placed outputs
                     results.append(host_value(value))
                     continue
-                dtype = _ORT_DTYPES[value.data_type()]
+                dtype = ORT_DTYPES[value.data_type()]
                 shape = tuple(value.shape())
                 nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 if nbytes == 0:  # ORT allocates nothing for an empty tensor (null pointer)
@@ -189,10 +167,6 @@ class IoBindingInstance(ModelInstance):
         self._fallback = fallback
         self._string_outputs = string_outputs
         self._binding = session.io_binding()
-
-    @property
-    def device(self) -> BoundDevice:
-        return self._device
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

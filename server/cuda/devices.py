@@ -18,10 +18,15 @@ from server.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 
+def cuda_disabled() -> bool:
+    """``TENSORGATE_DISABLE_CUDA`` is set: behave as a machine without GPUs."""
+    return os.environ.get("TENSORGATE_DISABLE_CUDA", "") not in ("", "0")
+
+
 @functools.cache
 def cupy_module() -> ModuleType | None:
     """``cupy`` when it imports and sees at least one device, else None (probed once)."""
-    if os.environ.get("TENSORGATE_DISABLE_CUDA", "") not in ("", "0"):
+    if cuda_disabled():
         return None
     try:
         import cupy

@@ -269,7 +269,8 @@ class HttpLoadGenerator:
 # --- gRPC -------------------------------------------------------------------------------------
 
 
-def _identity(data: bytes) -> bytes:
+def identity(data: bytes) -> bytes:
+    """gRPC (de)serializer for calls whose messages are already bytes."""
     return data
 
 
@@ -296,7 +297,7 @@ class GrpcLoadGenerator:
         ]
         self._calls = [
             channel.unary_unary(
-                MODEL_INFER, request_serializer=_identity, response_deserializer=_identity
+                MODEL_INFER, request_serializer=identity, response_deserializer=identity
             )
             for channel in self._channels
         ]

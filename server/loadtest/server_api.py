@@ -17,11 +17,12 @@ import grpc
 from google.protobuf.message import Message
 
 from server.generated import grpc_service_pb2 as pb
-from server.loadtest.clients import MAX_GRPC_MESSAGE, MODEL_INFER, HttpFraming
+from server.loadtest.clients import MAX_GRPC_MESSAGE, MODEL_INFER, HttpFraming, identity
 from server.loadtest.encoding import model_path
 from server.loadtest.errors import BenchError
 from server.loadtest.inputs import ModelInfo, TensorSpec
-from server.loadtest.measurements import INFERENCE_STATS, Duration, ServerCounters
+from server.loadtest.measurements import ServerCounters
+from server.protocol.proto_json import message_to_json
 
 _TIMEOUT_S = 30.0
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -210,19 +211,12 @@ class GrpcServerApi:
             if _code(exc) == grpc.StatusCode.UNAVAILABLE:
                 raise self._unreachable(exc) from None
             return None
-        total = ServerCounters()
-        for entry in response.model_stats:
-            stats = entry.inference_stats
-            durations = {
-                name: Duration(getattr(stats, name).count, getattr(stats, name).ns)
-                for name in INFERENCE_STATS
-            }
-            total += ServerCounters(entry.inference_count, entry.execution_count, **durations)
-        return total
+        # The same JSON the HTTP statistics endpoint answers with.
+        return ServerCounters.from_json(message_to_json(response))
 
     def probe(self, request: bytes) -> bytes:
         call = self._channel.unary_unary(
-            MODEL_INFER, request_serializer=_identity, response_deserializer=_identity
+            MODEL_INFER, request_serializer=identity, response_deserializer=identity
         )
         try:
             response: bytes = call(request, timeout=_TIMEOUT_S)
@@ -234,10 +228,6 @@ class GrpcServerApi:
 
     def close(self) -> None:
         self._channel.close()
-
-
-def _identity(data: bytes) -> bytes:
-    return data
 
 
 def _serialize(message: Message) -> bytes:

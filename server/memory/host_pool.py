@@ -1,4 +1,4 @@
-"""Reusable host buffers for request bodies and GPU copies, in power-of-two size classes.
+"""Reusable host buffers for request bodies and gRPC inputs, in power-of-two size classes.
 
 Request bytes are streamed into a buffer from this pool and tensors are numpy views of it, so
 a buffer goes back to the pool only after the response that used it has been written. With
@@ -32,8 +32,9 @@ _WARN_EVERY_S = 60.0  # how often the "pinned budget exhausted" warning may repe
 PinnedAllocator = Callable[[int], np.ndarray]
 
 
-def _size_class(nbytes: int) -> int:
-    return max(_MIN_CLASS, 1 << (max(nbytes, 1) - 1).bit_length())
+def size_class(nbytes: int, minimum: int = _MIN_CLASS) -> int:
+    """The power of two at or above ``nbytes`` (and ``minimum``) that holds it."""
+    return max(minimum, 1 << (max(nbytes, 1) - 1).bit_length())
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -148,7 +149,7 @@ class HostBufferPool:
     def footprint(nbytes: int | None) -> int:
         """The bytes a buffer for ``nbytes`` takes (its size class; chunked bodies start at
         the smallest)."""
-        return _size_class(nbytes or 0)
+        return size_class(nbytes or 0)
 
     @property
     def bytes_in_use(self) -> int:
@@ -171,7 +172,7 @@ class HostBufferPool:
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least ``nbytes``: a free one of its size class when there is one
         (pinned first), else a new pinned one within the budget, else a pageable one."""
-        size = _size_class(nbytes)
+        size = size_class(nbytes)
         with self._lock:
             for pinned in (True, False):
                 free = self._free.get((size, pinned))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-import os
 import re
 import sys
 import threading
@@ -40,6 +39,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import Any, Self
+
+from server.cuda.devices import cuda_disabled
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +89,13 @@ def _normalize(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def _cuda_disabled() -> bool:
-    return os.environ.get("TENSORGATE_DISABLE_CUDA", "") not in ("", "0")
-
-
 def _load_nvml() -> ModuleType | None:
     """The ``pynvml`` module of ``nvidia-ml-py``, or None (the seam tests replace).
 
     Decided from distribution metadata before anything named ``pynvml`` is imported or looked
     up, because the deprecated distribution's import hook warns on the lookup itself.
     """
-    if _cuda_disabled():
+    if cuda_disabled():
         log.debug("GPU metrics off: TENSORGATE_DISABLE_CUDA is set")
         return None
     providers = importlib.metadata.packages_distributions()

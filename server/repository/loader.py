@@ -215,7 +215,9 @@ def _load_version(
     layout = BatchLayout.from_config(config)
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         policy = BatchingPolicy.from_config(config)
-        result.scheduler = DynamicBatcher(name, instances, policy, result.stats, layout=layout)
+        result.scheduler = DynamicBatcher(
+            name, instances, policy, result.stats, layout=layout, model=config.name
+        )
     else:
         result.scheduler = DirectScheduler(name, instances, result.stats, layout)
     result.stats.load_ns = time.perf_counter_ns() - started

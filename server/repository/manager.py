@@ -132,7 +132,8 @@ class ModelRepository:
 
     def is_ready(self, name: str, version: str) -> bool:
         try:
-            return self.version(name, version).state is State.READY
+            self.version(name, version)  # only READY versions are returned
+            return True
         except (InvalidArgument, NotFound, Unavailable):
             return False
 

@@ -122,11 +122,12 @@ class DynamicBatcher:
         stats: ModelStats | None = None,
         clock: Clock = time.monotonic,
         layout: BatchLayout | None = None,
+        model: str | None = None,
     ) -> None:
+        """``name`` labels threads and logs ("<model>-<version>"); ``model`` is the model's
+        name as clients know it, for their error messages (default: ``name``)."""
         self._name = name
-        # Messages name the model as clients know it: the loader labels batchers
-        # "<model>-<version>".
-        self._model = name.rpartition("-")[0] or name
+        self._model = model or name
         self._policy = policy
         self._layout = layout or BatchLayout()
         self._stats = stats
