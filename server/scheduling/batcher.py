@@ -405,7 +405,7 @@ class DynamicBatcher:
                 inputs = self._layout.gather(jobs, buffers)
                 outputs = _unaliased(await runner.run(inputs, names), buffers)
             computed = time.perf_counter_ns() - started
-            answers = self._layout.scatter(self._name, jobs, outputs)
+            answers = self._layout.scatter(self._model, jobs, outputs)
             for pending, answer in zip(batch, answers):
                 pending.job.times.compute_ns = computed
                 self._succeed(pending, answer)

@@ -184,7 +184,12 @@ async def serving(
     """A batcher over ``instances`` fake instances; on the way out every gate opens, the
     work in flight finishes and the batcher closes."""
     batcher = DynamicBatcher(
-        "fake", model.instances(instances), policy, stats, clock=clock or FakeClock()
+        "fake-1",  # labelled as the loader labels them: <model>-<version>
+        model.instances(instances),
+        policy,
+        stats,
+        clock=clock or FakeClock(),
+        model="fake",
     )
     try:
         yield batcher
@@ -826,8 +831,11 @@ def test_queue_full_is_refused_with_exceeds_maximum_queue_size() -> None:
             tasks = await submit(batcher, job(1), job(2))
             await settle()
             assert batcher.pending == 2
-            with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
+            with pytest.raises(Unavailable) as refused:
                 await batcher.execute(job(3))
+            assert str(refused.value) == (
+                "inference request for model 'fake' was rejected: Exceeds maximum queue size"
+            )
             tasks += await submit(batcher, job(4, priority=2))  # level 2 is unbounded
             await settle()
             assert batcher.pending == 3
@@ -1077,7 +1085,9 @@ def test_wrong_row_count_fails_every_request_of_the_batch() -> None:
             assert model.executed() == [[1, 2]]
             for answer in answers:
                 assert isinstance(answer, InternalError), answer
-                assert "rows" in str(answer)
+                assert str(answer) == (
+                    "model 'fake' returned output 'y' with 2 rows for a batch of 3"
+                )
 
     asyncio.run(scenario())
 
