@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-
-def _cuda_device_count() -> int:
-    try:
-        import cupy
-    except ImportError:
-        return 0
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except RuntimeError:  # no driver or no device: CUDARuntimeError is a RuntimeError
-        return 0
+from server.cuda.devices import device_count
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_device_count() > 0:
+    if device_count() > 0:
         return
+    if os.environ.get("TENSORGATE_REQUIRE_GPU"):  # scripts/gpu_check.sh: skipping is failing
+        raise pytest.UsageError("TENSORGATE_REQUIRE_GPU is set but CuPy sees no CUDA device")
     skip = pytest.mark.skip(reason="no CUDA device visible to CuPy")
     for item in items:
         if "gpu_tests" in item.path.parts:

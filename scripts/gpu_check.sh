@@ -15,6 +15,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH=/tmp/tensorgate-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
+export TENSORGATE_REQUIRE_GPU=1  # gpu_tests/ fail instead of skipping when no device is seen
 out=${OUT:-/tmp}
 
 echo "== machine"

@@ -4,6 +4,7 @@ no transport or repository, and nothing in the domain imports Tornado or grpc.""
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,18 @@ _FORBIDDEN = {
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` may import: ``import a.b``, ``from a import b`` (``a`` and
+    ``a.b``: ``b`` may be a module) and relative imports resolved against its package."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            module = importlib.util.resolve_name(base, package) if node.level else base
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 

@@ -63,6 +63,7 @@ class FakeDataPlane(DataPlane):
         self.failure: BaseException | None = None
         self.hang = False
         self.hang_ids: set[str] = set()
+        self.fail_ids: set[str] = set()  # requests that raise RuntimeError("boom")
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.echo = False
@@ -89,6 +90,8 @@ class FakeDataPlane(DataPlane):
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self._fail()
+        if request.id in self.fail_ids:
+            raise RuntimeError("boom")
         if self.hang or request.id in self.hang_ids:
             self.started.set()
             try:
@@ -119,7 +122,13 @@ def _run(scenario: Scenario, ready: bool = True, pool: HostBufferPool | None = N
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                await scenario(plane, service_pb2_grpc.GRPCInferenceServiceStub(channel), channel)
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                await scenario(plane, stub, channel)
+                if not plane.gate.closed:  # whatever was refused, the server still answers
+                    plane.failure, plane.hang = None, False
+                    plane.hang_ids.clear()
+                    plane.fail_ids.clear()
+                    assert (await stub.ModelInfer(_request("after"))).id == "after"
         finally:
             await server.stop(0)
 
@@ -167,14 +176,17 @@ def test_unexpected_exception_is_internal_with_its_text() -> None:
         assert details == "RuntimeError: boom"
         # the stream reports it and stays open for the next request
         plane.failure = None
-
-        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
-            plane.failure = RuntimeError("boom")
-            yield _request("bad")
-
-        replies = [reply async for reply in stub.ModelStreamInfer(requests())]
+        plane.fail_ids = {"bad"}
+        call = stub.ModelStreamInfer()
+        await call.write(_request("bad"))
+        first = await asyncio.wait_for(call.read(), timeout=5)
+        await call.write(_request("good"))
+        second = await asyncio.wait_for(call.read(), timeout=5)
+        await call.done_writing()
+        replies = [first, second]
         assert [(r.error_message, r.infer_response.id) for r in replies] == [
-            ("RuntimeError: boom", "bad")
+            ("RuntimeError: boom", "bad"),
+            ("", "good"),
         ]
 
     _run(scenario)

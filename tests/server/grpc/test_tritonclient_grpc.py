@@ -79,6 +79,13 @@ def stub(channel: grpc.Channel) -> service_pb2_grpc.GRPCInferenceServiceStub:
     return service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
+@pytest.fixture(autouse=True)
+def still_serving_over_grpc(client: grpcclient.InferenceServerClient) -> Iterator[None]:
+    """After every test, refusals included: a good gRPC request is still answered."""
+    yield
+    _assert_simple_ok(client)
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 

@@ -626,10 +626,15 @@ def test_keep_alive_after_refusal(server: ServerProcess) -> None:
     assert server.port is not None
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
-        for body in (b"{bad", json.dumps(simple_request()).encode()):
-            conn.request("POST", "/v2/models/simple/infer", body=body)
-            response = conn.getresponse()
-            results = (response.status, dict(response.getheaders()), response.read())
+        conn.request("POST", "/v2/models/simple/infer", body=b"{bad")
+        refused = conn.getresponse()
+        assert refused.status == 400 and b"failed to parse" in refused.read()
+        assert refused.getheader("Connection") != "close"
+        sock = conn.sock  # http.client would reconnect silently: the socket must stay the same
+        conn.request("POST", "/v2/models/simple/infer", body=json.dumps(simple_request()))
+        response = conn.getresponse()
+        results = (response.status, dict(response.getheaders()), response.read())
+        assert conn.sock is sock and sock is not None, "the connection was not kept"
         _assert_json_simple(results)
     finally:
         conn.close()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from tests.server.http.helpers import assert_simple_ok
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 ABSURD_SHAPE = (
@@ -43,7 +44,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> float:
 
 
 def _still_serving(server: ServerProcess) -> None:
-    assert server.request("GET", "/v2/health/live")[0] == 200
+    assert_simple_ok(server)
 
 
 def test_oversized_headers_close_the_connection(server: ServerProcess) -> None:
@@ -122,6 +123,7 @@ def test_admission_control_on_bodies_in_flight() -> None:
             assert slow.recv(100).startswith(b"HTTP/1.1 400")  # no inputs: the model refuses
         status, _, text = process.request("POST", "/v2/models/simple/infer", b"{}".ljust(100_000))
         assert status == 400, text  # admitted again; refused for its content
+        _still_serving(process)
     finally:
         process.stop()
 
@@ -160,6 +162,20 @@ def test_chunked_and_compressed_bodies_count_against_the_budget() -> None:
                 {"Content-Encoding": "gzip"},
             )
             assert status == 503 and b"--http-max-inflight-bytes" in text, text
+            # A chunked body starts small (admitted) and is refused as it grows past the budget.
+            with socket.create_connection(("127.0.0.1", process.port)) as sock:
+                try:
+                    sock.sendall(
+                        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body)
+                    )
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused before the last chunk
+                sock.settimeout(10)
+                answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            assert b"--http-max-inflight-bytes" in answer
+        _still_serving(process)
     finally:
         process.stop()
 
@@ -178,6 +194,7 @@ def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection() 
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert b"100 (Continue)" not in answer, "no interim answer after the final one"
+        _still_serving(process)
     finally:
         process.stop()
     assert "Future exception was never retrieved" not in process.log, process.log

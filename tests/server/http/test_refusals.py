@@ -729,9 +729,11 @@ def test_oversize_body_sent_whole_gets_the_answer_and_keeps_the_connection(
         body = response.read()
         assert response.status == 400
         assert b"exceeds the maximum allowed input size" in body
+        sock = connection.sock  # http.client would reconnect silently: it must stay the same
         connection.request("GET", "/v2/health/live")
         again = connection.getresponse()
         again.read()
         assert again.status == 200
+        assert connection.sock is sock and sock is not None, "the connection was not kept"
     finally:
         connection.close()

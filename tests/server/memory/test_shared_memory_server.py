@@ -18,6 +18,7 @@ import tritonclient.utils.shared_memory as shm  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from tests.model_repos import build_slow_repository
+from tests.server.http.helpers import assert_simple_ok
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -66,6 +67,11 @@ def client(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[An
     made.unregister_system_shared_memory()
     yield made
     made.unregister_system_shared_memory()
+    # Whatever the test refused, a plain request still goes through on this transport.
+    tensors = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    tensors[0].set_data_from_numpy(A)
+    tensors[1].set_data_from_numpy(B)
+    np.testing.assert_array_equal(made.infer("simple", tensors).as_numpy("OUTPUT0"), A + B)
     made.close()
 
 
@@ -233,5 +239,6 @@ def test_off_by_default() -> None:
         extensions = json.loads(body)["extensions"]
         assert "system_shared_memory" in extensions
         assert "cuda_shared_memory" not in extensions, "no CUDA device here"
+        assert_simple_ok(process)
     finally:
         process.stop()

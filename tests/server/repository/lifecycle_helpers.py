@@ -138,3 +138,12 @@ def client_error(call: Any, *args: Any, **kwargs: Any) -> InferenceServerExcepti
     with pytest.raises(InferenceServerException) as caught:
         call(*args, **kwargs)
     return caught.value
+
+
+def assert_serves(client: Client, name: str = "keep") -> None:
+    """``name`` (loaded if it is not) answers a good request: the server is still serving
+    after whatever a test refused."""
+    if not client.is_model_ready(name):
+        client.load_model(name)
+    data = rows(2, 7.0)
+    np.testing.assert_array_equal(infer_identity(client, name, data), data)

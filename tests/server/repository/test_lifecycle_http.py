@@ -23,6 +23,7 @@ from tests.server.repository.lifecycle_helpers import (
     add_identity,
     add_sub_bytes,
     add_sub_config,
+    assert_serves,
     client_error,
     identity_config,
     identity_repository,
@@ -85,6 +86,13 @@ def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     c = httpclient.InferenceServerClient(server.url)
     yield c
     c.close()
+
+
+@pytest.fixture(autouse=True)
+def still_serving(client: httpclient.InferenceServerClient) -> Iterator[None]:
+    """After every test, refusals included: the untouched model still answers."""
+    yield
+    assert_serves(client)
 
 
 def _override_folders(server_tmp: Path, model: str) -> list[Path]:

@@ -53,6 +53,7 @@ def test_requests_of_different_lengths_share_batches(server: ServerProcess) -> N
         np.testing.assert_array_equal(output, 2 * x)
         (last_end,) = answer.as_numpy("LAST_END").ravel()
         assert last_end >= x.size, "the accumulated count includes the request's own elements"
+        assert last_end <= sum(r.size for r in requests)
 
     status, _, body = server.request("GET", "/v2/models/ragged/stats")
     assert status == 200, body
@@ -86,3 +87,15 @@ def test_batch_inputs_are_not_request_inputs(server: ServerProcess) -> None:
     status, _, body = server.request("POST", "/v2/models/ragged/infer", json.dumps(request))
     assert status == 400, body
     assert b"ENDS" in body
+
+
+def test_a_lone_request_sees_its_own_element_count(server: ServerProcess) -> None:
+    """Alone in its batch, a request's accumulated element count is exactly its own size."""
+    x = np.arange(5, dtype=np.float32).reshape(1, 5)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        answer = client.infer("ragged", **_request(x, ("OUTPUT", "LAST_END")))
+    finally:
+        client.close()
+    assert answer.as_numpy("LAST_END").ravel().tolist() == [5]
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT"), 2 * x)
