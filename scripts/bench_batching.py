@@ -52,6 +52,8 @@ if __package__ in (None, ""):  # run as a file: make the `scripts` package impor
 from scripts.bench_common import (
     PINNED_THREADS,
     Sample,
+    add_run_options,
+    check_run_options,
     fmt_number,
     fmt_ratio,
     machine_facts,
@@ -603,10 +605,7 @@ def to_json(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
-    parser.add_argument(
-        "--max-requests", type=int, default=500_000, help="request cap per cell (and ORT calls)"
-    )
+    add_run_options(parser, max_requests=500_000)
     parser.add_argument(
         "--delay-us",
         type=int,
@@ -619,13 +618,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=list(MODELS),
         help=f"comma-separated, from {', '.join(MODELS)} (default: all)",
     )
-    parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    check_run_options(parser, args)
     unknown = [key for key in args.models if key not in MODELS]
     if unknown or not args.models:
         parser.error(f"--models: unknown {unknown}, choose from {', '.join(MODELS)}")
-    if args.seconds <= 0 or args.max_requests <= 0 or (args.delay_us or 0) < 0:
-        parser.error("--seconds and --max-requests must be positive, --delay-us not negative")
+    if (args.delay_us or 0) < 0:
+        parser.error("--delay-us must not be negative")
     return args
 
 

@@ -9,6 +9,7 @@ it costs the shared cores as little as Python allows and costs the same in front
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import multiprocessing
@@ -463,3 +464,21 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def add_run_options(parser: argparse.ArgumentParser, max_requests: int) -> None:
+    """The options every benchmark takes: timed seconds, a request cap, a JSON output."""
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=max_requests,
+        help="request cap per cell (and ORT calls)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+
+
+def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse run options that would measure nothing."""
+    if args.seconds <= 0 or args.max_requests < 1:
+        parser.error("--seconds and --max-requests must be positive")

@@ -40,6 +40,8 @@ from scripts.bench_common import (
     PINNED_THREADS,
     EchoServer,
     Sample,
+    add_run_options,
+    check_run_options,
     cpu_seconds,
     fmt_number,
     fmt_ratio,
@@ -521,10 +523,7 @@ def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
-    parser.add_argument(
-        "--max-requests", type=int, default=200_000, help="request cap per cell (and ORT calls)"
-    )
+    add_run_options(parser, max_requests=200_000)
     parser.add_argument(
         "--grpc-channels",
         type=int,
@@ -537,10 +536,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_false",
         help="skip the grpc.aio echo baseline (saves one timed run per cell)",
     )
-    parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.max_requests < 1 or args.grpc_channels < 1:
-        parser.error("--seconds, --max-requests and --grpc-channels must be positive")
+    check_run_options(parser, args)
+    if args.grpc_channels < 1:
+        parser.error("--grpc-channels must be positive")
     return args
 
 

@@ -37,6 +37,8 @@ from scripts.bench_common import (
     EchoFraming,
     EchoServer,
     Sample,
+    add_run_options,
+    check_run_options,
     echo_request,
     fmt_number,
     fmt_ratio,
@@ -508,15 +510,13 @@ def to_json(cells: list[Cell], facts: dict[str, str], args: argparse.Namespace) 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
-    parser.add_argument(
-        "--max-requests", type=int, default=200_000, help="request cap per cell (and ORT calls)"
-    )
+    add_run_options(parser, max_requests=200_000)
     parser.add_argument(
         "--url", help="HOST:PORT of an already running V2 server to bench instead of starting one"
     )
-    parser.add_argument("--json", type=Path, help="also write the results to this file")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_run_options(parser, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,7 @@ and unload with requests inside a version's gate, file overrides, readiness, and
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from server.repository.loader import State
 from server.repository.manager import ModelRepository
 from server.scheduling.job import Job
 from server.settings import Settings
+from tests.server.repository.lifecycle_helpers import add_identity, bump_mtimes
 
 T = TypeVar("T")
 BACKENDS = {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
@@ -35,25 +34,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def add_identity(root: Path, name: str, max_batch_size: int | None = None) -> Path:
-    """An FP32 identity ``[batch, 4]``; with ``max_batch_size`` also a (partial) config.pbtxt."""
-    make_models.save(make_models.identity("FP32", ["batch", 4]), root / name / "1" / "model.onnx")
-    if max_batch_size is not None:
-        make_models.write_text(f"max_batch_size: {max_batch_size}\n", root / name / "config.pbtxt")
-    return root / name
-
-
 def add_add_sub(root: Path, name: str) -> Path:
     make_models.save(make_models.add_sub("FP32", 4), root / name / "1" / "model.onnx")
     return root / name
-
-
-def bump_mtimes(folder: Path) -> None:
-    """Move every file's mtime forward by 10 s, so a rewrite within the same tick shows."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            stat = path.stat()
-            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10_000_000_000))
 
 
 def corrupt(folder: Path) -> None:
@@ -108,15 +91,6 @@ def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[GatedLoads]:
     monkeypatch.setattr(manager_module, "load_model", gate)
     yield gate
     gate.release.set()
-
-
-@pytest.fixture
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """File override folders are made under ``tmp_path/tmp``."""
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
 
 
 @pytest.fixture

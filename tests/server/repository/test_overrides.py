@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from server.repository.overrides import OverrideFolder, check_model_name
 
 TRAVERSAL = "model name must not contain path traversal characters"
 EMPTY = "Model name cannot be empty. Please enter a valid name to deploy."
-
-
-@pytest.fixture
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Temporary folders are made under ``tmp_path/tmp``, where the test can list them."""
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
 
 
 # ---- check_model_name --------------------------------------------------------------------
