@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,12 @@ class ModelInstance(ABC):
     #: Whether very short executions may run on the event loop instead of the worker thread
     #: (see ``server.scheduling.runner``); code that may block or use asyncio must say no.
     may_run_inline: bool = True
+    #: Whether the instance joins a batch itself (``execute_parts``) and takes CuPy device
+    #: arrays among its inputs. GPU instances do: each request's rows are copied once into
+    #: their slice of one device buffer, so a batch is never first concatenated on the host
+    #: (a copy into pageable memory, which would also turn the pinned request buffers' DMA
+    #: into a staged copy), and inputs already on the device (CUDA shared memory) stay there.
+    joins_on_device: bool = False
 
     @abstractmethod
     def execute(
@@ -61,6 +68,14 @@ class ModelInstance(ABC):
     ) -> dict[str, np.ndarray]:
         """Run the model on ``inputs`` (already shaped as the model expects: batch dimension
         first when the model batches) and return the named outputs. Raise on model faults."""
+
+    def execute_parts(
+        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """``execute`` on the inputs that ``parts`` make when joined along their first axis
+        (numpy or CuPy arrays, in batch order). Schedulers call it, instead of ``execute``,
+        only on instances that set ``joins_on_device``."""
+        raise NotImplementedError(f"{type(self).__name__} does not join batches itself")
 
     def close(self) -> None:
         """Release what the instance holds (sessions, device memory); a no-op by default."""

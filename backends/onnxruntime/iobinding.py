@@ -19,6 +19,7 @@ element type.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +29,8 @@ import onnxruntime as ort
 from backends.base import ModelInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_DTYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import strings_to_bytes
+from server.cuda.copies import fill, joined_on_host, joined_shape
+from server.cuda.devices import DEVICE_KINDS, on_device
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import size_class
 
@@ -46,8 +49,12 @@ def host_value(value: ort.OrtValue) -> np.ndarray:
 class BoundDevice(Protocol):
     """Where one instance's bound tensors live."""
 
-    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
-        """Bind ``array`` (C-contiguous, never BYTES) as input ``name``."""
+    #: Whether it joins batches and takes device arrays (``ModelInstance.joins_on_device``).
+    joins_on_device: bool
+
+    def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
+        """Bind as input ``name`` the tensor ``parts`` make joined along their first axis
+        (never BYTES)."""
 
     def bind_output(self, binding: ort.IOBinding, name: str) -> None:
         """Bind output ``name`` for ORT to allocate."""
@@ -62,10 +69,13 @@ class BoundDevice(Protocol):
 class HostDevice:
     """Bindings by host address: the CPU provider, and the IO-binding path without a GPU."""
 
+    joins_on_device = False
+
     def __init__(self) -> None:
         self._held: list[np.ndarray] = []
 
-    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+    def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
+        array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
         self._held.append(array)  # the bound address must stay valid until the run ends
         binding.bind_input(
             name, "cpu", 0, element_type(array.dtype), list(array.shape), array.ctypes.data
@@ -85,37 +95,57 @@ class HostDevice:
 class CudaDevice:
     """Bindings on one GPU, with the instance's stream and reused device input buffers."""
 
+    joins_on_device = True
+
     def __init__(self, cupy: Any, device_id: int, stream: Any, pools: DevicePools) -> None:
         self._cupy = cupy
         self.device_id = device_id
         self.stream = stream
         self._pools = pools
         self._buffers: dict[str, Any] = {}  # input name -> 1-D uint8 device buffer
+        self._held: list[Any] = []  # device inputs bound in place, alive until the run ends
 
-    def _device_view(self, name: str, array: np.ndarray) -> Any:
-        """A device array shaped like ``array`` on this input's reused buffer."""
+    def _device_view(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """A device array of ``shape`` on this input's reused buffer, of ``dtype`` or, for one
+        CuPy lacks (BF16), of the unsigned integer of its size: ORT is told the real type."""
+        nbytes = math.prod(shape) * dtype.itemsize
         buffer = self._buffers.get(name)
-        if buffer is None or buffer.nbytes < array.nbytes:
-            capacity = size_class(array.nbytes, minimum=2)  # grow by powers of two
+        if buffer is None or buffer.nbytes < nbytes:
+            capacity = size_class(nbytes, minimum=2)  # grow by powers of two
             try:
                 buffer = self._pools.empty(self.device_id, capacity)
             except self._cupy.cuda.memory.OutOfMemoryError:
                 # The capped pool is full (--cuda-memory-pool-byte-size): this input's buffer
                 # comes from CuPy's default pool instead, exactly sized, rather than failing.
-                buffer = self._cupy.empty(array.nbytes, dtype=self._cupy.uint8)
+                buffer = self._cupy.empty(nbytes, dtype=self._cupy.uint8)
             self._buffers[name] = buffer
-        return buffer[: array.nbytes].view(array.dtype).reshape(array.shape)
+        storage = dtype if dtype.kind in DEVICE_KINDS else np.dtype(f"u{dtype.itemsize}")
+        return buffer[:nbytes].view(storage).reshape(shape)
 
-    def bind_input(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+    def _in_place(self, part: Any) -> bool:
+        """A device array this session can read where it is: on our device, C-contiguous."""
+        return (
+            on_device(part)
+            and part.device.id == self.device_id
+            and part.flags.c_contiguous
+            and part.data.ptr % max(part.dtype.itemsize, 1) == 0
+        )
+
+    def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
+        first = parts[0]
         with self._cupy.cuda.Device(self.device_id):
-            view = self._device_view(name, array)
-            view.set(array, stream=self.stream)  # async H2D: a DMA when ``array`` is pinned
+            if len(parts) == 1 and self._in_place(first):
+                view = first  # already on this GPU (CUDA shared memory): no copy at all
+                self._held.append(view)
+            else:
+                view = self._device_view(name, np.dtype(first.dtype), joined_shape(parts))
+                fill(self._cupy, view, parts, self.stream)
         binding.bind_input(
             name,
             "cuda",
             self.device_id,
-            element_type(array.dtype),
-            list(array.shape),
+            element_type(np.dtype(first.dtype)),
+            list(view.shape),
             view.data.ptr,
         )
 
@@ -148,6 +178,7 @@ class CudaDevice:
                 device.get(stream=self.stream, out=host, blocking=False)
                 results.append(host)
             self.stream.synchronize()  # every D2H copy has landed before anyone reads
+        self._held.clear()
         return results
 
 
@@ -167,19 +198,27 @@ class IoBindingInstance(ModelInstance):
         self._fallback = fallback
         self._string_outputs = string_outputs
         self._binding = session.io_binding()
+        self.joins_on_device = device.joins_on_device
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
+        return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
+
+    def execute_parts(
+        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
         if self._string_outputs.intersection(output_names) or any(
-            array.dtype == object for array in inputs.values()
+            pieces[0].dtype == object for pieces in parts.values()
         ):
-            return self._fallback.execute(inputs, output_names)
+            return self._fallback.execute(
+                {name: joined_on_host(pieces) for name, pieces in parts.items()}, output_names
+            )
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        for name, array in inputs.items():
-            self._device.bind_input(binding, name, np.ascontiguousarray(array))
+        for name, pieces in parts.items():
+            self._device.bind_input(binding, name, pieces)
         names = list(output_names)
         for name in names:
             self._device.bind_output(binding, name)

@@ -11,17 +11,14 @@ work on the legacy default stream.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from server.cuda.devices import require_cupy
+from server.cuda.copies import fill, joined_on_host, joined_shape
+from server.cuda.devices import DEVICE_KINDS, on_device, require_cupy
 from server.errors import ModelLoadError
-
-# dtype kinds CuPy holds: bool, signed and unsigned ints, floats. BYTES (object) and BF16
-# (ml_dtypes, kind "V"; CuPy has no bfloat16) stay numpy arrays.
-_DEVICE_KINDS = frozenset("biuf")
 
 
 class CudaPlacement:
@@ -47,12 +44,22 @@ class CudaPlacement:
             yield
             self._stream.synchronize()
 
-    def to_device(self, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """Numeric inputs copied to the device (on the current stream); the rest as they are."""
-        return {
-            name: self._cupy.asarray(array) if array.dtype.kind in _DEVICE_KINDS else array
-            for name, array in inputs.items()
-        }
+    def to_device(self, parts: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+        """Each input joined from its batch parts: numeric ones into one device array (copies
+        queued on the current stream, device parts kept where they are when alone); the rest
+        joined on the host."""
+        inputs: dict[str, Any] = {}
+        for name, pieces in parts.items():
+            first = pieces[0]
+            if np.dtype(first.dtype).kind not in DEVICE_KINDS:
+                inputs[name] = joined_on_host(pieces)
+            elif len(pieces) == 1 and on_device(first):
+                inputs[name] = first
+            else:
+                joined = self._cupy.empty(joined_shape(pieces), dtype=first.dtype)
+                fill(self._cupy, joined, pieces, self._stream)
+                inputs[name] = joined
+        return inputs
 
     def to_host(self, outputs: Mapping[str, object]) -> dict[str, object]:
         """CuPy outputs queued for copying to numpy on the stream: valid once ``active`` has

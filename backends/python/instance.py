@@ -18,6 +18,7 @@ import numpy as np
 from backends.base import ModelInstance
 from backends.python.cuda import CudaPlacement
 from backends.python.loading import ModelSource, forget_module
+from server.cuda.copies import joined_on_host
 from server.errors import InferenceServerError, InternalError
 from server.protocol.datatypes import DataType
 
@@ -48,17 +49,25 @@ class PythonInstance(ModelInstance):
         self._execute: UserExecute = model.execute
         self._outputs = dict(outputs)
         self._gpu = gpu
+        self.joins_on_device = gpu is not None
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
+        return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
+
+    def execute_parts(
+        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """On KIND_GPU the batch is joined on the instance's device, run, and copied back."""
         names = list(output_names)
         try:
             if self._gpu is None:
-                produced = self._call(dict(inputs), names)
+                inputs = {name: joined_on_host(pieces) for name, pieces in parts.items()}
+                produced = self._call(inputs, names)
             else:
                 with self._gpu.active():
-                    produced = self._gpu.to_host(self._call(self._gpu.to_device(inputs), names))
+                    produced = self._gpu.to_host(self._call(self._gpu.to_device(parts), names))
         except InferenceServerError:
             raise
         except Exception as exc:  # CUDA copies: out of memory, a bad launch

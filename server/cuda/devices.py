@@ -12,10 +12,17 @@ import functools
 import logging
 import os
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from server.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
+
+#: numpy dtype kinds CuPy holds: bool, signed and unsigned integers, floats. BYTES (object) and
+#: BF16 (ml_dtypes, kind "V"; CuPy has no bfloat16) stay in host memory.
+DEVICE_KINDS = frozenset("biuf")
 
 
 def cuda_disabled() -> bool:
@@ -55,3 +62,17 @@ def require_cupy(what: str) -> ModuleType:
             f"{what} needs a CUDA device and CuPy, which this server does not have"
         )
     return cupy
+
+
+def on_device(array: object) -> bool:
+    """Whether ``array`` lives in GPU memory (a CuPy array, or anything exporting the CUDA
+    array interface), as inputs read from CUDA shared memory do."""
+    return not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__")
+
+
+def host_array(array: Any) -> np.ndarray:
+    """``array`` in host memory: numpy arrays as they are, device arrays copied once."""
+    if on_device(array):
+        copied: np.ndarray = array.get()
+        return copied
+    return np.asarray(array)

@@ -135,6 +135,7 @@ class DynamicBatcher:
         self._runners = [
             InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
+        self.takes_device_arrays = all(instance.joins_on_device for instance in instances)
         self._free: list[InstanceRunner] = list(self._runners)
         self._queues: dict[int, deque[_Pending]] = {
             level: deque() for level in range(1, policy.priority_levels + 1)
@@ -393,7 +394,9 @@ class DynamicBatcher:
         try:
             buffers = self._buffers.setdefault(id(runner), {})
             names = _union_outputs(batch)
-            if sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:
+            if runner.instance.joins_on_device:  # each request's rows copied to the device
+                outputs = await runner.run_parts(self._layout.gather_parts(jobs), names)
+            elif sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:
                 # Gathering a large batch copies as many bytes as it holds: on the instance's
                 # thread with the execution, not on the loop.
                 outputs = await runner.run_batch(

@@ -118,26 +118,34 @@ class BatchLayout:
 
     # --- inputs ----------------------------------------------------------------------------
 
+    def gather_parts(self, jobs: Sequence[Job]) -> dict[str, list[np.ndarray]]:
+        """The execution's inputs as parts which, joined along their first axis, are the
+        tensors the model receives: each request's rows (a ragged input's elements, flattened),
+        and every batch input as one part. Only views: nothing is copied here."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for name in jobs[0].inputs:
+            pieces = [job.inputs[name] for job in jobs]
+            parts[name] = [p.reshape(-1) for p in pieces] if name in self.ragged else pieces
+        for spec in self.batch_inputs:
+            value = _batch_input(spec, [job.inputs[spec.source] for job in jobs])
+            for target in spec.targets:
+                parts[target] = [value]
+        return parts
+
     def gather(self, jobs: Sequence[Job], buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The execution's inputs. Rows of several requests are concatenated into ``buffers``
-        (reused from one batch to the next, grown when too small); a plain batch of one passes
-        its arrays through untouched, a ragged input of one request is a flat view of it."""
+        """The execution's inputs, joined on the host. Rows of several requests are
+        concatenated into ``buffers`` (reused from one batch to the next, grown when too small);
+        a plain batch of one passes its arrays through untouched, a ragged input of one request
+        is a flat view of it."""
         if len(jobs) == 1 and self.plain:
             return dict(jobs[0].inputs)
         gathered: dict[str, np.ndarray] = {}
-        for name, first in jobs[0].inputs.items():
-            parts = [job.inputs[name] for job in jobs]
-            if name in self.ragged:
-                if len(parts) == 1:
-                    gathered[name] = parts[0].reshape(-1)
-                    continue
-                shape: tuple[int, ...] = (sum(part.size for part in parts),)
-                parts = [part.reshape(-1) for part in parts]
-            elif len(parts) == 1:
-                gathered[name] = parts[0]
+        for name, parts in self.gather_parts(jobs).items():
+            first = parts[0]
+            if len(parts) == 1:
+                gathered[name] = first
                 continue
-            else:
-                shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
+            shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
             # BYTES (object) buffers are made per batch: a reused one would keep earlier
             # batches' strings alive in its unused rows.
             out = (
@@ -147,10 +155,6 @@ class BatchLayout:
             )
             np.concatenate(parts, axis=0, out=out)
             gathered[name] = out
-        for spec in self.batch_inputs:
-            value = _batch_input(spec, [job.inputs[spec.source] for job in jobs])
-            for target in spec.targets:
-                gathered[target] = value
         return gathered
 
     # --- outputs ---------------------------------------------------------------------------

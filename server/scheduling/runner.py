@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,16 @@ class InstanceRunner:
             return finish(self.instance.execute(prepare(), output_names))
 
         return await run_in_thread(self._thread, work)
+
+    async def run_parts(
+        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """A batch joined by the instance itself (``joins_on_device``), on its worker thread:
+        the host-to-device copies and the stream waits are blocking work. Cancellation waits as
+        in ``run``."""
+        return await run_in_thread(
+            self._thread, self.instance.execute_parts, parts, output_names
+        )
 
     def _timed(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool

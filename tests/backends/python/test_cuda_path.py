@@ -24,6 +24,7 @@ from backends.python.backend import PythonBackend
 from scripts import make_models
 from server.errors import InternalError, ModelLoadError
 from server.generated import model_config_pb2 as mc
+from tests.fake_cupy import FakeCupy
 
 GPU1 = Placement(mc.ModelInstanceGroup.KIND_GPU, 1)
 # Written as a GPU model is: ``import cupy`` (the stand-in here). ``cupy.events`` is the
@@ -52,65 +53,6 @@ class TensorgateModel:
     def finalize(self):
         cupy.events.append("finalize")
 """
-
-
-class FakeArray:
-    """A 'device' array: numpy data that numpy refuses to take implicitly, as CuPy does."""
-
-    def __init__(self, data: np.ndarray, events: list[str]) -> None:
-        self.data = data
-        self._events = events
-
-    def __mul__(self, other: FakeArray) -> FakeArray:
-        self._events.append("compute")
-        return FakeArray(self.data * other.data, self._events)
-
-    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed")
-
-
-class FakeCupy:
-    """Just the CuPy surface the backend and MODEL use; every call is appended to ``events``."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self.ndarray = FakeArray
-        events = self.events
-
-        class Device:
-            def __init__(self, device_id: int) -> None:
-                self.id = device_id
-
-            def __enter__(self) -> None:
-                events.append(f"device {self.id} on")
-
-            def __exit__(self, *exc: object) -> None:
-                events.append(f"device {self.id} off")
-
-        class Stream:
-            def __init__(self, non_blocking: bool = False) -> None:
-                events.append(f"new stream non_blocking={non_blocking}")
-
-            def __enter__(self) -> None:
-                events.append("stream on")
-
-            def __exit__(self, *exc: object) -> None:
-                events.append("stream off")
-
-            def synchronize(self) -> None:
-                events.append("synchronize")
-
-        self.cuda = SimpleNamespace(Device=Device, Stream=Stream)
-        self._stream_type = Stream
-
-    def asarray(self, array: np.ndarray) -> FakeArray:
-        self.events.append(f"to device {array.dtype}")
-        return FakeArray(np.array(array), self.events)
-
-    def asnumpy(self, value: FakeArray, stream: Any = None) -> np.ndarray:
-        assert isinstance(stream, self._stream_type)
-        self.events.append("to host")
-        return value.data.copy()
 
 
 @pytest.fixture
@@ -170,7 +112,7 @@ def test_execute_copies_across_on_the_stream_and_waits(tmp_path: Path, fake: Fak
     assert fake.events == [
         "device 1 on",
         "stream on",
-        "to device float32",  # INPUT0 only: BYTES and BF16 stay numpy
+        "H2D float32 stream",  # INPUT0 only: BYTES and BF16 stay numpy
         "compute",
         "to host",
         "synchronize",
@@ -219,3 +161,42 @@ def test_an_unusable_device_fails_the_load(tmp_path: Path, fake: FakeCupy) -> No
     fake.cuda = SimpleNamespace(Device=no_device, Stream=None)
     with pytest.raises(ModelLoadError, match="CUDA device 1 is not usable: cudaErrorInvalid"):
         _load(tmp_path)
+
+
+def test_a_batch_is_joined_on_the_device_from_its_parts(tmp_path: Path, fake: FakeCupy) -> None:
+    """Each request's rows are copied once into their slice of one device array (no host
+    concatenation); a part already on the device is copied device to device."""
+    instance = _load(tmp_path)
+    assert instance.joins_on_device
+    fake.events.clear()
+    parts: dict[str, list[Any]] = {
+        "INPUT0": [
+            np.full((1, 3), 1.0, np.float32),
+            fake.device_array(np.full((2, 3), 2.0, np.float32)),
+            np.full((1, 3), 3.0, np.float32),
+        ],
+        "TEXT": [np.array([[b"a"]], dtype=object), np.array([[b"b"], [b"c"]], dtype=object),
+                 np.array([[b"d"]], dtype=object)],
+        "HALF": [np.ones((1, 1), ml_dtypes.bfloat16), np.ones((2, 1), ml_dtypes.bfloat16),
+                 np.ones((1, 1), ml_dtypes.bfloat16)],
+    }
+    result = instance.execute_parts(parts, ["OUTPUT0", "TYPES"])
+    copies = [event for event in fake.events if event.split()[0] in ("H2D", "D2D", "to")]
+    assert copies == ["H2D float32 stream", "D2D 24 stream", "H2D float32 stream", "to host"]
+    np.testing.assert_array_equal(
+        result["OUTPUT0"], np.repeat([[2.0], [4.0], [4.0], [6.0]], 3, axis=1).astype(np.float32)
+    )
+    assert result["TYPES"].tolist() == [b"FakeArray,ndarray,ndarray"]  # BYTES/BF16 on the host
+    instance.close()
+
+
+def test_a_lone_device_input_is_used_where_it_is(tmp_path: Path, fake: FakeCupy) -> None:
+    instance = _load(tmp_path)
+    fake.events.clear()
+    inputs: dict[str, Any] = {
+        **_inputs(b"a"), "INPUT0": fake.device_array(np.full((2, 3), 1.5, np.float32), 1)
+    }
+    result = instance.execute_parts({k: [v] for k, v in inputs.items()}, ["OUTPUT0"])
+    assert not [event for event in fake.events if event.split()[0] in ("H2D", "D2D")]
+    np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 3), 3.0, np.float32))
+    instance.close()

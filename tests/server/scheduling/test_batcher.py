@@ -1190,3 +1190,51 @@ def test_large_batches_are_gathered_on_the_instance_thread(
     assert gathered_on[0] == main, "a small batch is gathered on the loop"
     assert gathered_on[-1].startswith("fake-"), gathered_on
     assert model.batch_rows()[-1] == 2
+
+
+class JoiningInstance(FakeInstance):
+    """A GPU-like instance: given each request's rows as separate parts, which it joins."""
+
+    joins_on_device = True
+
+    def __init__(self, model: FakeModel, index: int) -> None:
+        super().__init__(model, index)
+        self.parts: list[list[int]] = []  # rows of each part, per execution
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        raise AssertionError("a joining instance is given parts, never joined inputs")
+
+    def execute_parts(
+        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.parts.append([part.shape[0] for part in parts["x"]])
+        joined = {name: np.concatenate(pieces) for name, pieces in parts.items()}
+        return super().execute(joined, output_names)
+
+
+def test_instances_that_join_on_the_device_get_every_request_as_its_own_part() -> None:
+    """No host concatenation for GPU instances: each request's rows reach the instance as a
+    part of their own (its pinned request buffer), on the instance's thread."""
+    model = FakeModel()
+    instance = JoiningInstance(model, 0)
+
+    async def scenario() -> None:
+        batcher = DynamicBatcher("fake-1", [instance], BatchingPolicy(max_batch_size=8))
+        try:
+            gate = model.gate(1)
+            first = await submit(batcher, job(1, 1))
+            await until(lambda: len(model.batches) == 1, "the first batch to start")
+            rest = await submit(batcher, job(2, 2), job(3, 1))
+            gate.set()
+            answers = await results([*first, *rest])
+            for answer, (tag, rows) in zip(answers, [(1, 1), (2, 2), (3, 1)]):
+                assert_own_rows(answer, tag, rows)
+        finally:
+            model.release_all()
+            batcher.close()
+
+    asyncio.run(scenario())
+    assert instance.parts == [[1], [2, 1]]
+    assert all(batch.thread.startswith("fake-") for batch in model.batches)

@@ -1,0 +1,123 @@
+"""CudaDevice's input side against the CuPy stand-in: how a batch reaches the device.
+
+A batch's parts are copied once each, on the instance's stream, into their rows of one reused
+device buffer, which is bound by address with the real element type; a lone input already on
+the instance's GPU (CUDA shared memory) is bound where it is, with no copy. gpu_tests/ runs the
+same code on a real GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from backends.onnxruntime.iobinding import CudaDevice
+from backends.onnxruntime.ort_types import ONNX_BFLOAT16
+from tests.fake_cupy import FakeArray, FakeCupy
+
+
+class Binding:
+    """An IOBinding that records what is bound."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, tuple[str, int, Any, list[int], int]] = {}
+
+    def bind_input(
+        self, name: str, device: str, device_id: int, element: Any, shape: list[int], ptr: int
+    ) -> None:
+        self.inputs[name] = (device, device_id, element, shape, ptr)
+
+
+class Pools:
+    """DevicePools that hands out stand-in device memory and counts what it hands out."""
+
+    def __init__(self, cupy: FakeCupy) -> None:
+        self._cupy = cupy
+        self.allocations: list[int] = []
+
+    def empty(self, device: int, nbytes: int) -> FakeArray:
+        self.allocations.append(nbytes)
+        return self._cupy.empty(nbytes, np.uint8)
+
+
+@pytest.fixture
+def fake() -> FakeCupy:
+    return FakeCupy()
+
+
+def _device(fake: FakeCupy, device_id: int = 0) -> tuple[CudaDevice, Pools]:
+    pools = Pools(fake)
+    stream = fake.cuda.Stream(non_blocking=True)
+    return CudaDevice(fake, device_id, stream, pools), pools  # type: ignore[arg-type]
+
+
+def _bound(fake: FakeCupy, device: CudaDevice, name: str, binding: Binding) -> np.ndarray:
+    """What the device memory at the bound address holds, read through the stand-in."""
+    _, _, _, shape, ptr = binding.inputs[name]
+    buffer = device._buffers[name]
+    assert buffer.data.ptr == ptr, "bound at the start of the reused buffer"
+    count = int(np.prod(shape))
+    held: np.ndarray = buffer.host.view(np.float32)[:count].reshape(shape)
+    return held
+
+
+def test_parts_are_copied_into_their_rows_of_one_buffer(fake: FakeCupy) -> None:
+    device, pools = _device(fake)
+    parts = [np.full((rows, 3), float(rows), np.float32) for rows in (1, 2, 1)]
+    binding = Binding()
+    fake.events.clear()
+    device.bind_input(binding, "x", parts)
+    assert fake.events == ["device 0 on", *["H2D float32 stream"] * 3, "device 0 off"]
+    assert binding.inputs["x"][:4] == ("cuda", 0, np.float32, [4, 3])
+    np.testing.assert_array_equal(_bound(fake, device, "x", binding), np.concatenate(parts))
+    assert pools.allocations == [64], "48 bytes, in a power-of-two buffer"
+
+
+def test_the_buffer_is_reused_and_grown_by_powers_of_two(fake: FakeCupy) -> None:
+    device, pools = _device(fake)
+    binding = Binding()
+    device.bind_input(binding, "x", [np.ones((4, 4), np.float32)])
+    first = binding.inputs["x"][4]
+    device.bind_input(binding, "x", [np.ones((1, 4), np.float32), np.ones((2, 4), np.float32)])
+    assert binding.inputs["x"][4] == first and pools.allocations == [64]
+    device.bind_input(binding, "x", [np.ones((5, 4), np.float32)])
+    assert pools.allocations == [64, 128]
+
+
+def test_a_lone_input_on_this_gpu_is_bound_in_place(fake: FakeCupy) -> None:
+    device, pools = _device(fake, device_id=1)
+    shared = fake.device_array(np.arange(6, dtype=np.float32).reshape(2, 3), device_id=1)
+    binding = Binding()
+    fake.events.clear()
+    device.bind_input(binding, "x", [shared])
+    assert binding.inputs["x"] == ("cuda", 1, np.float32, [2, 3], shared.data.ptr)
+    assert fake.events == ["device 1 on", "device 1 off"], "no copy"
+    assert pools.allocations == []
+
+
+def test_device_parts_elsewhere_or_in_a_batch_are_copied_device_to_device(
+    fake: FakeCupy,
+) -> None:
+    device, _ = _device(fake, device_id=0)
+    other_gpu = fake.device_array(np.full((2, 2), 7.0, np.float32), device_id=1)
+    binding = Binding()
+    fake.events.clear()
+    device.bind_input(binding, "x", [other_gpu])
+    assert "D2D 16 stream" in fake.events
+    np.testing.assert_array_equal(_bound(fake, device, "x", binding), np.full((2, 2), 7.0))
+    mixed = [np.zeros((1, 2), np.float32), fake.device_array(np.ones((1, 2), np.float32))]
+    device.bind_input(binding, "x", mixed)
+    np.testing.assert_array_equal(_bound(fake, device, "x", binding), [[0, 0], [1, 1]])
+
+
+def test_bf16_is_held_as_uint16_and_bound_as_bf16(fake: FakeCupy) -> None:
+    device, _ = _device(fake)
+    values = np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16)
+    binding = Binding()
+    device.bind_input(binding, "h", [values, values])
+    assert binding.inputs["h"][2:4] == (ONNX_BFLOAT16, [2, 2])
+    held = device._buffers["h"].host.view(np.uint16)[:4].reshape(2, 2)
+    np.testing.assert_array_equal(held.view(ml_dtypes.bfloat16), np.concatenate([values] * 2))
