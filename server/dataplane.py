@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from server import __version__
+from server.cuda.devices import DEVICE_KINDS
 from server.errors import (
     InferenceServerError,
     InternalError,
@@ -144,6 +145,7 @@ class DataPlane:
                     _read_shared_inputs,
                     request,
                     lease,
+                    _required(served.scheduler).takes_device_arrays,
                 )
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
@@ -313,8 +315,10 @@ def _client_shape(
     return data.reshape(shape)
 
 
-def _read_shared_inputs(request: InferRequest, lease: RegionLease) -> None:
-    """Give every input named in a shared memory region its data: a view of the region."""
+def _read_shared_inputs(request: InferRequest, lease: RegionLease, on_device: bool) -> None:
+    """Give every input named in a shared memory region its data: a view of the region. With
+    ``on_device`` (the model's instances join on their GPUs), a numeric input in a CUDA region
+    is a CuPy view of it, handed to the instance without passing through the host."""
     for tensor in request.inputs:
         ref = tensor.shared_memory
         if ref is None:
@@ -326,6 +330,11 @@ def _read_shared_inputs(request: InferRequest, lease: RegionLease) -> None:
                     f"input byte size mismatch for input '{tensor.name}' for model "
                     f"'{request.model_name}'. Expected {expected}, got {ref.byte_size}"
                 )
+        if on_device and tensor.datatype.dtype.kind in DEVICE_KINDS:
+            raw = lease.read_on_device(ref.region, ref.offset, ref.byte_size, tensor.name)
+            if raw is not None and raw.data.ptr % tensor.datatype.itemsize == 0:
+                tensor.data = raw.view(tensor.datatype.dtype).reshape(tensor.shape)
+                continue
         view = lease.read(ref.region, ref.offset, ref.byte_size, tensor.name)
         tensor.data = tensor_from_bytes(
             view, tensor.datatype, tensor.shape, tensor.name, request.model_name

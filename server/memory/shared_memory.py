@@ -84,9 +84,13 @@ class _Region:
         if self.kind == "system":
             start = self.offset + offset
             return memoryview(self.memory)[start : start + byte_size]
-        # CUDA: the executors take host arrays, so the bytes are copied out of the device once.
-        device = self.memory[offset : offset + byte_size]
-        return memoryview(device.get())
+        # CUDA, for an instance that takes host arrays (or BYTES, parsed on the host): the
+        # bytes are copied out of the device once.
+        return memoryview(self.device_view(offset, byte_size).get())
+
+    def device_view(self, offset: int, byte_size: int) -> Any:
+        """``byte_size`` bytes at ``offset`` of a CUDA region, in place: a CuPy uint8 array."""
+        return self.memory[offset : offset + byte_size]
 
     def write(self, offset: int, data: memoryview) -> None:
         if data.nbytes == 0:
@@ -315,6 +319,14 @@ class RegionLease:
     def read(self, name: str, offset: int, byte_size: int, tensor: str) -> memoryview:
         region = self._checked(name, offset, byte_size, tensor)
         return region.host_view(offset, byte_size)
+
+    def read_on_device(self, name: str, offset: int, byte_size: int, tensor: str) -> Any | None:
+        """The bytes of a CUDA region in place, as a CuPy uint8 array on its device (no copy);
+        None for a system region, or an empty range (which maps nothing)."""
+        region = self._checked(name, offset, byte_size, tensor)
+        if region.kind != "cuda" or region.memory is None or byte_size == 0:
+            return None
+        return region.device_view(offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, tensor: str, data: memoryview) -> None:
         region = self._checked(name, offset, byte_size, tensor)

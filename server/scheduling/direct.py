@@ -35,6 +35,7 @@ class DirectScheduler:
         self._runners = [
             InstanceRunner(f"{name}-{index}", instance) for index, instance in enumerate(instances)
         ]
+        self.takes_device_arrays = all(instance.joins_on_device for instance in instances)
         self._free: asyncio.Queue[InstanceRunner] | None = None
         self._waiting = 0
 

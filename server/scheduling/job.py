@@ -30,6 +30,10 @@ class Scheduler(Protocol):
     async def execute(self, job: Job) -> dict[str, np.ndarray]:
         """Run the job (maybe batched with others) and return its outputs."""
 
+    #: Whether every instance joins batches on its GPU, so inputs may be CuPy arrays (those
+    #: read from CUDA shared memory stay on the device); otherwise inputs are numpy.
+    takes_device_arrays: bool
+
     @property
     def pending(self) -> int:
         """Requests waiting to start executing (Triton's pending request count)."""
