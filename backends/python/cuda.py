@@ -53,8 +53,8 @@ class CudaPlacement:
             first = pieces[0]
             if np.dtype(first.dtype).kind not in DEVICE_KINDS:
                 inputs[name] = joined_on_host(pieces)
-            elif len(pieces) == 1 and on_device(first):
-                inputs[name] = first
+            elif len(pieces) == 1 and on_device(first) and first.device.id == self._device.id:
+                inputs[name] = first  # already on this GPU (CUDA shared memory)
             else:
                 joined = self._cupy.empty(joined_shape(pieces), dtype=first.dtype)
                 fill(self._cupy, joined, pieces, self._stream)

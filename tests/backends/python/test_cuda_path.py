@@ -200,3 +200,17 @@ def test_a_lone_device_input_is_used_where_it_is(tmp_path: Path, fake: FakeCupy)
     assert not [event for event in fake.events if event.split()[0] in ("H2D", "D2D")]
     np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 3), 3.0, np.float32))
     instance.close()
+
+
+def test_a_device_input_on_another_gpu_is_copied_to_the_instances(
+    tmp_path: Path, fake: FakeCupy
+) -> None:
+    instance = _load(tmp_path)  # on GPU 1
+    fake.events.clear()
+    inputs: dict[str, Any] = {
+        **_inputs(b"a"), "INPUT0": fake.device_array(np.full((2, 3), 1.5, np.float32), 0)
+    }
+    result = instance.execute_parts({k: [v] for k, v in inputs.items()}, ["OUTPUT0"])
+    assert "D2D 24 stream" in fake.events
+    np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 3), 3.0, np.float32))
+    instance.close()
