@@ -53,11 +53,16 @@ async def serve(settings: Settings) -> int:
     """Run the server until a stop signal; the process exit code."""
     # ONNX Runtime first: a folder with neither backend nor platform set is tried against each
     # backend's default file in this order.
+    # One pool of host buffers for both transports' request bodies and the GPU instances'
+    # outputs: pinned memory, within one budget, when there is a GPU.
+    pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
     backends: list[Backend] = [
         OnnxRuntimeBackend(
-            settings.backend_config.get("onnxruntime"), DevicePools(settings.cuda_pool_bytes)
+            settings.backend_config.get("onnxruntime"),
+            DevicePools(settings.cuda_pool_bytes),
+            pool,
         ),
-        PythonBackend(),
+        PythonBackend(pool),
     ]
     repository = ModelRepository(settings, {backend.name: backend for backend in backends})
     try:
@@ -73,8 +78,6 @@ async def serve(settings: Settings) -> int:
 
     dataplane = DataPlane(settings, repository)
     try:
-        # One pool of request buffers for both transports: pinned memory when there is a GPU.
-        pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
         http_server = _start_http(settings, dataplane, pool) if settings.allow_http else None
         metrics = _start_metrics(settings, dataplane, pool) if settings.allow_metrics else None

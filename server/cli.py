@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
               f"(default: {DEFAULT_HTTP_BODY_TIMEOUT_SECS})")
     flag("--http-max-inflight-bytes", type=int, default=DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
          metavar="BYTES",
-         help="Request bodies held at once (arriving or in use); past it new requests get 503 "
+         help="Host buffer bytes held at once: request bodies arriving or in use, and GPU "
+              "instances' outputs until they are written; past it new requests get 503 "
               f"(default: {DEFAULT_HTTP_MAX_INFLIGHT_BYTES})")
     bool_flag("--allow-grpc", True, "Serve the gRPC endpoint")
     flag("--grpc-address", default="0.0.0.0", metavar="ADDR",

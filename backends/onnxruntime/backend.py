@@ -26,6 +26,7 @@ from server.cuda.devices import device_count, require_cupy
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.memory.device_pool import DevicePools
+from server.memory.host_pool import HostBufferPool
 from server.protocol import datatypes
 from server.settings import DEFAULT_CUDA_POOL_BYTES
 
@@ -61,12 +62,17 @@ class OnnxRuntimeBackend(Backend):
     default_model_filename = "model.onnx"
 
     def __init__(
-        self, options: Mapping[str, str] | None = None, device_pools: DevicePools | None = None
+        self,
+        options: Mapping[str, str] | None = None,
+        device_pools: DevicePools | None = None,
+        host_pool: HostBufferPool | None = None,
     ) -> None:
         """``options`` are ``--backend-config=onnxruntime,<key>=<value>`` settings;
-        ``device_pools`` hold GPU instances' input buffers (``--cuda-memory-pool-byte-size``)."""
+        ``device_pools`` hold GPU instances' input buffers (``--cuda-memory-pool-byte-size``),
+        ``host_pool`` their outputs' host copies (the server's pinned pool)."""
         self._options = dict(options or {})
         self._device_pools = device_pools or DevicePools(lambda device: DEFAULT_CUDA_POOL_BYTES)
+        self._host_pool = host_pool or HostBufferPool()
 
     def gpu_count(self) -> int:
         """GPUs usable for KIND_AUTO: CuPy's devices, if this onnxruntime has the CUDA provider."""
@@ -123,7 +129,7 @@ class OnnxRuntimeBackend(Backend):
         _check_config_matches(config, signature)
         return IoBindingInstance(
             session,
-            CudaDevice(cupy, device_id, stream, self._device_pools),
+            CudaDevice(cupy, device_id, stream, self._device_pools, self._host_pool),
             OnnxRuntimeInstance(session, signature),
             frozenset(info.name for info in signature.outputs if info.datatype.is_bytes),
         )

@@ -1,14 +1,16 @@
 """ONNX Runtime through IO binding: inputs bound where the session computes, outputs fetched once.
 
 A ``BoundDevice`` decides where bound tensors live. ``CudaDevice`` is the GPU data path
-(DESIGN.md "The request path"): each input is copied host→device once, asynchronously on the
-instance's own CUDA stream, into a device buffer the instance keeps from batch to batch (taken
-from the GPU's ``DevicePools`` pool, grown when a batch needs more); the stream is synchronised
+(DESIGN.md "The request path"): each request's part of each input is copied host→device once,
+asynchronously on the instance's own CUDA stream, into its rows of a device buffer the instance
+keeps from batch to batch (taken from the GPU's ``DevicePools`` pool, grown when a batch needs
+more), and an input already on that GPU (CUDA shared memory) is bound where it is; the stream is
+synchronised
 before the run (ORT computes on its own stream and knows nothing of ours, the classic
 IO-binding race of gpu-facts §3.3) and the session is also given that stream as its compute
 stream; ORT allocates the outputs on the device (their shapes are only known after the run) and
-each is copied device→host once into pinned memory, with a stream sync before the answers
-leave. ``HostDevice`` binds the caller's host arrays by address, the same code path on a
+each is copied device→host once into a buffer of the server's host pool (pinned memory), with
+a stream sync before the answers leave. ``HostDevice`` binds the caller's host arrays by address, the same code path on a
 machine without a GPU, so CI runs it.
 
 ONNX Runtime cannot bind string tensors (nor make OrtValues of them) from Python, so a run that
@@ -29,10 +31,10 @@ import onnxruntime as ort
 from backends.base import ModelInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_DTYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import strings_to_bytes
-from server.cuda.copies import fill, joined_on_host, joined_shape
-from server.cuda.devices import DEVICE_KINDS, on_device
+from server.cuda.copies import fetch, fill, joined_on_host, joined_shape, storage_dtype
+from server.cuda.devices import on_device
 from server.memory.device_pool import DevicePools
-from server.memory.host_pool import size_class
+from server.memory.host_pool import HostBufferPool, size_class
 
 
 def element_type(dtype: np.dtype) -> Any:
@@ -97,11 +99,20 @@ class CudaDevice:
 
     joins_on_device = True
 
-    def __init__(self, cupy: Any, device_id: int, stream: Any, pools: DevicePools) -> None:
+    def __init__(
+        self,
+        cupy: Any,
+        device_id: int,
+        stream: Any,
+        pools: DevicePools,
+        host_pool: HostBufferPool,
+    ) -> None:
+        """``pools`` hold the device input buffers, ``host_pool`` the outputs' host copies."""
         self._cupy = cupy
         self.device_id = device_id
         self.stream = stream
         self._pools = pools
+        self._host_pool = host_pool
         self._buffers: dict[str, Any] = {}  # input name -> 1-D uint8 device buffer
         self._held: list[Any] = []  # device inputs bound in place, alive until the run ends
 
@@ -119,8 +130,7 @@ class CudaDevice:
                 # comes from CuPy's default pool instead, exactly sized, rather than failing.
                 buffer = self._cupy.empty(nbytes, dtype=self._cupy.uint8)
             self._buffers[name] = buffer
-        storage = dtype if dtype.kind in DEVICE_KINDS else np.dtype(f"u{dtype.itemsize}")
-        return buffer[:nbytes].view(storage).reshape(shape)
+        return buffer[:nbytes].view(storage_dtype(dtype)).reshape(shape)
 
     def _in_place(self, part: Any) -> bool:
         """A device array this session can read where it is: on our device, C-contiguous."""
@@ -171,12 +181,10 @@ class CudaDevice:
                     results.append(np.empty(shape, dtype=dtype))
                     continue
                 memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
-                device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
-                host = np.frombuffer(
-                    cupy.cuda.alloc_pinned_memory(max(nbytes, 1)), dtype=dtype, count=device.size
-                ).reshape(shape)
-                device.get(stream=self.stream, out=host, blocking=False)
-                results.append(host)
+                device = cupy.ndarray(
+                    shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(memory, 0)
+                )
+                results.append(fetch(device, dtype, self.stream, self._host_pool))
             self.stream.synchronize()  # every D2H copy has landed before anyone reads
         self._held.clear()
         return results

@@ -21,6 +21,7 @@ from backends.python.instance import PythonInstance
 from backends.python.loading import ModelSource, forget_module, import_module, model_class
 from server.errors import InferenceServerError, ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.memory.host_pool import HostBufferPool
 from server.protocol import datatypes
 from server.protocol.proto_json import message_to_json
 
@@ -35,6 +36,11 @@ class PythonBackend(Backend):
     platform = ""  # python models have no platform
     default_model_filename = "model.py"
 
+    def __init__(self, host_pool: HostBufferPool | None = None) -> None:
+        """``host_pool`` holds KIND_GPU instances' outputs copied back (the server's pinned
+        pool)."""
+        self._host_pool = host_pool or HostBufferPool()
+
     def signature(self, model_path: Path) -> ModelSignature:
         raise ModelLoadError(
             f"unable to complete the configuration of model '{model_path.parent.parent.name}': "
@@ -45,7 +51,11 @@ class PythonBackend(Backend):
         self, model_path: Path, config: mc.ModelConfig, placement: Placement
     ) -> ModelInstance:
         source = ModelSource(config.name, model_path)
-        gpu = CudaPlacement(config.name, placement.device_id) if placement.is_gpu else None
+        gpu = (
+            CudaPlacement(config.name, placement.device_id, self._host_pool)
+            if placement.is_gpu
+            else None
+        )
         scope = gpu.active() if gpu is not None else contextlib.nullcontext()
         with scope:  # module-level code and initialize allocate on the instance's device
             module = import_module(source)

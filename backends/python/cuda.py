@@ -16,17 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from server.cuda.copies import fill, joined_on_host, joined_shape
+from server.cuda.copies import fetch, fill, joined_on_host, joined_shape
 from server.cuda.devices import DEVICE_KINDS, on_device, require_cupy
 from server.errors import ModelLoadError
+from server.memory.host_pool import HostBufferPool
 
 
 class CudaPlacement:
     """One instance's CUDA device and stream, and the host/device copies of its tensors."""
 
-    def __init__(self, model: str, device_id: int) -> None:
-        """Raises ``ModelLoadError`` without CuPy and CUDA, or when the device is unusable."""
+    def __init__(self, model: str, device_id: int, host_pool: HostBufferPool) -> None:
+        """Raises ``ModelLoadError`` without CuPy and CUDA, or when the device is unusable.
+        Outputs are copied back into buffers of ``host_pool``."""
         self._cupy = require_cupy(f"model '{model}' (python backend, instance group KIND_GPU)")
+        self._host_pool = host_pool
         try:
             self._device = self._cupy.cuda.Device(device_id)
             with self._device:
@@ -62,11 +65,13 @@ class CudaPlacement:
         return inputs
 
     def to_host(self, outputs: Mapping[str, object]) -> dict[str, object]:
-        """CuPy outputs queued for copying to numpy on the stream: valid once ``active`` has
-        waited for it. Anything else is passed through."""
+        """CuPy outputs queued for copying to the host pool on the stream: valid once
+        ``active`` has waited for it. Anything else is passed through."""
         return {
             name: (
-                self._cupy.asnumpy(value, stream=self._stream)
+                fetch(
+                    self._cupy.ascontiguousarray(value), value.dtype, self._stream, self._host_pool
+                )
                 if isinstance(value, self._cupy.ndarray)
                 else value
             )

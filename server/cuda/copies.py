@@ -1,19 +1,24 @@
-"""A batch joined on the device: each request's part copied once into its rows of one array.
+"""The copies of the GPU path: batches joined on the device, outputs fetched into the pool.
 
 GPU instances (ONNX Runtime through IO binding, python models on KIND_GPU) join their batches
 here instead of concatenating them on the host first: a host part is one asynchronous copy
 from its (pinned) request buffer, a device part (CUDA shared memory) one device-to-device copy,
-both queued on the instance's stream.
+both queued on the instance's stream. Their outputs come back with one device-to-host copy
+each into a buffer of the server's host pool (pinned, within ``--pinned-memory-pool-byte-size``),
+which returns to the pool once the last view of it is gone: after the responses that carry
+it have been written.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from server.cuda.devices import host_array, on_device
+from server.cuda.devices import DEVICE_KINDS, host_array, on_device
+from server.memory.host_pool import HostBufferPool
 
 
 def joined_shape(parts: Sequence[Any]) -> tuple[int, ...]:
@@ -48,3 +53,24 @@ def fill(cupy: Any, target: Any, parts: Sequence[Any], stream: Any) -> None:
             host = np.ascontiguousarray(part)
             # A dtype CuPy lacks (BF16) is held as the unsigned integer of its size.
             rows.set(host if host.dtype == rows.dtype else host.view(rows.dtype), stream=stream)
+
+
+def storage_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype device memory of ``dtype`` is held as: itself, or for one CuPy lacks (BF16)
+    the unsigned integer of its size."""
+    return dtype if dtype.kind in DEVICE_KINDS else np.dtype(f"u{dtype.itemsize}")
+
+
+def fetch(device: Any, dtype: np.dtype, stream: Any, pool: HostBufferPool) -> np.ndarray:
+    """Queue on ``stream`` the copy of the C-contiguous device array ``device`` (held as
+    ``storage_dtype(dtype)``) into a buffer from ``pool``; the returned host array of
+    ``dtype`` is valid once the stream has been waited for."""
+    buffer = pool.acquire(device.nbytes)
+    # Every view of ``root`` (reshapes, a batch's per-request rows, the memoryviews the
+    # transports write) keeps it alive, since its own base is not an array: the buffer goes
+    # back to the pool when nothing can read it any more.
+    root = np.frombuffer(buffer.view, dtype=np.uint8, count=device.nbytes)
+    weakref.finalize(root, buffer.release).atexit = False
+    host = root.view(dtype).reshape(device.shape)
+    device.get(stream=stream, out=host.view(device.dtype), blocking=False)
+    return host

@@ -16,6 +16,7 @@ import pytest
 
 from backends.onnxruntime.iobinding import CudaDevice
 from backends.onnxruntime.ort_types import ONNX_BFLOAT16
+from server.memory.host_pool import HostBufferPool
 from tests.fake_cupy import FakeArray, FakeCupy
 
 
@@ -51,7 +52,8 @@ def fake() -> FakeCupy:
 def _device(fake: FakeCupy, device_id: int = 0) -> tuple[CudaDevice, Pools]:
     pools = Pools(fake)
     stream = fake.cuda.Stream(non_blocking=True)
-    return CudaDevice(fake, device_id, stream, pools), pools  # type: ignore[arg-type]
+    device = CudaDevice(fake, device_id, stream, pools, HostBufferPool())  # type: ignore[arg-type]
+    return device, pools
 
 
 def _bound(fake: FakeCupy, device: CudaDevice, name: str, binding: Binding) -> np.ndarray:

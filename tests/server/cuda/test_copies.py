@@ -1,0 +1,64 @@
+"""The GPU path's copies against the CuPy stand-in: outputs fetched into the host pool.
+
+An output's host copy is a buffer of the server's pool (pinned where there is CUDA), counted
+in its statistics while any view of it lives (a batch's per-request rows, a response being
+written) and back in the pool, for the next output, once none does.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import ml_dtypes
+import numpy as np
+
+from server.cuda.copies import fetch, fill, joined_on_host, joined_shape, storage_dtype
+from server.memory.host_pool import HostBufferPool
+from tests.fake_cupy import FakeCupy
+
+
+def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> None:
+    fake = FakeCupy()
+    stream = fake.cuda.Stream(non_blocking=True)
+    pool = HostBufferPool()
+    device = fake.device_array(np.arange(12, dtype=np.float32).reshape(4, 3))
+    fake.events.clear()
+    host = fetch(device, np.dtype(np.float32), stream, pool)
+    assert fake.events == ["to host"]
+    np.testing.assert_array_equal(host, np.arange(12).reshape(4, 3))
+    assert pool.bytes_in_use == 1 << 16  # the smallest size class
+    rows = [host[:1], host[1:]]  # what scatter hands each request
+    del host
+    gc.collect()
+    assert pool.bytes_in_use == 1 << 16, "the requests' rows still point into it"
+    written = memoryview(rows[1])  # a transport writing one of them
+    del rows
+    gc.collect()
+    assert pool.bytes_in_use == 1 << 16
+    del written
+    gc.collect()
+    assert pool.bytes_in_use == 0
+    again = fetch(device, np.dtype(np.float32), stream, pool)
+    assert pool.stats().reuses == 1 and pool.stats().allocations == 1
+    del again
+
+
+def test_bf16_comes_back_from_its_uint16_storage() -> None:
+    fake = FakeCupy()
+    values = np.array([1.5, -2.0, 3.0], dtype=ml_dtypes.bfloat16)
+    assert storage_dtype(values.dtype) == np.uint16
+    device = fake.device_array(values.view(np.uint16))
+    host = fetch(device, values.dtype, fake.cuda.Stream(), HostBufferPool())
+    assert host.dtype == values.dtype
+    np.testing.assert_array_equal(host, values)
+
+
+def test_parts_fill_their_rows_and_join_on_the_host() -> None:
+    fake = FakeCupy()
+    parts = [np.ones((2, 2), np.float32), fake.device_array(np.zeros((1, 2), np.float32))]
+    assert joined_shape(parts) == (3, 2) and joined_shape(parts[:1]) == (2, 2)
+    target = fake.empty((3, 2), np.float32)
+    fill(fake, target, parts, None)
+    np.testing.assert_array_equal(target.host, [[1, 1], [1, 1], [0, 0]])
+    np.testing.assert_array_equal(joined_on_host(parts), target.host)
+    assert joined_on_host(parts[:1]) is parts[0]
