@@ -126,7 +126,9 @@ class HostBufferPool:
         self._allocate_pinned = pinned_allocator or cupy_pinned_allocator()
         self._pinned_limit = pinned_limit if self._allocate_pinned is not None else 0
         self._free: dict[tuple[int, bool], list[np.ndarray]] = {}
-        self._lock = threading.Lock()
+        # Reentrant: GPU output buffers are released by finalizers (server.cuda.copies), which
+        # the garbage collector may run inside any allocation, this pool's own included.
+        self._lock = threading.RLock()
         self._cached = 0
         self._pinned_total = 0
         self._pinned_used = 0
