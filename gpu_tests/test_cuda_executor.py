@@ -16,6 +16,7 @@ from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
 from server.generated import model_config_pb2 as mc
 from server.memory.device_pool import DevicePools
+from server.memory.host_pool import HostBufferPool
 
 pytestmark = pytest.mark.skipif(
     "CUDAExecutionProvider" not in ort.get_available_providers(),
@@ -53,19 +54,46 @@ def test_cuda_instance_matches_the_cpu(mlp_file: Path) -> None:
     cpu.close()
 
 
-def test_memory_is_flat_over_1000_executions(mlp_file: Path) -> None:
-    import cupy
+def test_a_batch_joined_on_the_device_matches_the_cpu(mlp_file: Path) -> None:
+    """Each request's rows copied into their slice of the device buffer, from pinned pool
+    buffers as the transports hand them over."""
+    host_pool = HostBufferPool()
+    backend = OnnxRuntimeBackend({}, DevicePools(lambda device: 64 << 20), host_pool)
+    config = text_format.Parse(CONFIG, mc.ModelConfig())
+    gpu = backend.load_instance(mlp_file, config, GPU)
+    cpu = backend.load_instance(mlp_file, config, CPU)
+    assert gpu.joins_on_device
+    rng = np.random.default_rng(1)
+    buffers, parts = [], []
+    for rows in (1, 3, 7, 2):
+        buffer = host_pool.acquire(rows * 256 * 4)
+        assert buffer.pinned
+        part = np.frombuffer(buffer.view, np.float32).reshape(rows, 256)
+        part[...] = rng.standard_normal((rows, 256))
+        buffers.append(buffer)
+        parts.append(part)
+    got = gpu.execute_parts({"INPUT0": parts}, ["OUTPUT0"])["OUTPUT0"]
+    want = cpu.execute({"INPUT0": np.concatenate(parts)}, ["OUTPUT0"])["OUTPUT0"]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+    for buffer in buffers:
+        buffer.release()
+    gpu.close()
+    cpu.close()
 
+
+def test_memory_is_flat_over_1000_executions(mlp_file: Path) -> None:
     pools = DevicePools(lambda device: 64 << 20)
-    backend = OnnxRuntimeBackend({}, pools)
+    host_pool = HostBufferPool()
+    backend = OnnxRuntimeBackend({}, pools, host_pool)
     instance = backend.load_instance(mlp_file, text_format.Parse(CONFIG, mc.ModelConfig()), GPU)
     x = np.ones((32, 256), np.float32)
-    pinned = cupy.get_default_pinned_memory_pool()
     for index in range(1_000):
         instance.execute({"INPUT0": x}, ["OUTPUT0"])
         if index == 10:
             device_then = pools.usage()[0]
-            pinned_then = pinned.n_free_blocks()
+            allocations_then = host_pool.stats().allocations
     assert pools.usage()[0] == device_then
-    assert pinned.n_free_blocks() <= pinned_then + 1
+    stats = host_pool.stats()
+    assert stats.allocations == allocations_then, "output buffers are reused"
+    assert stats.pinned_used == 0, "every output buffer went back"
     instance.close()
