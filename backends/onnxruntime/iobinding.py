@@ -21,6 +21,7 @@ element type.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -35,6 +36,8 @@ from server.cuda.copies import fetch, fill, joined_on_host, joined_shape, storag
 from server.cuda.devices import on_device
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool, size_class
+
+log = logging.getLogger(__name__)
 
 
 def element_type(dtype: np.dtype) -> Any:
@@ -67,6 +70,10 @@ class BoundDevice(Protocol):
     def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
         """The run's outputs as host arrays, complete when this returns."""
 
+    def abandon(self) -> None:
+        """After a failed bind, run or fetch: wait for whatever was queued and let go of the
+        inputs, whose buffers the request releases next."""
+
 
 class HostDevice:
     """Bindings by host address: the CPU provider, and the IO-binding path without a GPU."""
@@ -92,6 +99,9 @@ class HostDevice:
     def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
         self._held.clear()
         return [host_value(value) for value in values]
+
+    def abandon(self) -> None:
+        self._held.clear()
 
 
 class CudaDevice:
@@ -189,6 +199,13 @@ class CudaDevice:
         self._held.clear()
         return results
 
+    def abandon(self) -> None:
+        try:
+            self.stream.synchronize()
+        except Exception:  # a sticky CUDA error: the run's own error is the one reported
+            log.exception("waiting for GPU %d's stream after a failed run", self.device_id)
+        self._held.clear()
+
 
 class IoBindingInstance(ModelInstance):
     """One ONNX Runtime session run with ``run_with_iobinding`` on a ``BoundDevice``."""
@@ -225,13 +242,17 @@ class IoBindingInstance(ModelInstance):
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        for name, pieces in parts.items():
-            self._device.bind_input(binding, name, pieces)
         names = list(output_names)
-        for name in names:
-            self._device.bind_output(binding, name)
-        self._device.before_run()
-        self._session.run_with_iobinding(binding)
-        outputs = self._device.fetch(binding.get_outputs())
+        try:
+            for name, pieces in parts.items():
+                self._device.bind_input(binding, name, pieces)
+            for name in names:
+                self._device.bind_output(binding, name)
+            self._device.before_run()
+            self._session.run_with_iobinding(binding)
+            outputs = self._device.fetch(binding.get_outputs())
+        except BaseException:
+            self._device.abandon()
+            raise
         return dict(zip(names, outputs, strict=True))
 

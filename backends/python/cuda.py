@@ -3,9 +3,9 @@
 Kept apart so that the CPU path, the one CI runs, holds no CUDA code. Each KIND_GPU instance
 has its own non-blocking stream on its device. Everything the instance does with user code
 (import, ``initialize``, ``execute``, ``finalize``) runs with that device and stream current and
-ends by waiting for the stream: work a user queued on it is finished before its results (or
-the weights ``initialize`` uploaded) are used, and the stream never waits for other instances'
-work on the legacy default stream.
+ends by waiting for the stream, whether it succeeded or not: work a user queued on it is
+finished before its results (or the weights ``initialize`` uploaded) are used, and the stream
+never waits for other instances' work on the legacy default stream.
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ class CudaPlacement:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """The device and stream current on this thread; waits for the stream on a clean exit
-        (after an error the stream's work is left to finish, ordered before the next call)."""
+        """The device and stream current on this thread; waits for the stream on the way out,
+        after an error too: what the request lent (its pinned buffers, a CUDA shared memory
+        region) and the output buffers copies were queued into are let go of once this
+        returns, so no queued work may still use them."""
         with self._device, self._stream:
-            yield
+            try:
+                yield
+            except BaseException:
+                with contextlib.suppress(Exception):  # a sticky CUDA error: the first one counts
+                    self._stream.synchronize()
+                raise
             self._stream.synchronize()
 
     def to_device(self, parts: Mapping[str, Sequence[Any]]) -> dict[str, Any]:

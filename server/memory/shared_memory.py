@@ -51,6 +51,8 @@ SHM_ROOT = "/dev/shm"
 MAX_REGIONS = 256
 #: Keys Triton's python backend uses for its own regions; refused as Triton does.
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+#: sizeof(cudaIpcMemHandle_t)
+CUDA_IPC_HANDLE_BYTES = 64
 DISABLED = (
     "Client shared memory is disabled; start the server with --allow-client-shm=true to use it"
 )
@@ -100,7 +102,14 @@ class _Region:
             memoryview(self.memory)[start : start + data.nbytes] = data
         else:
             source = np.frombuffer(data, dtype=np.uint8)
-            self.memory[offset : offset + data.nbytes].set(source)
+            cupy = cupy_module()
+            assert cupy is not None  # a CUDA region exists only where CuPy does
+            with cupy.cuda.Device(self.device_id):
+                stream = cupy.cuda.get_current_stream()
+                self.memory[offset : offset + data.nbytes].set(source, stream=stream)
+                # Landed before the answer goes out (the client reads the region then) and
+                # before ``data``, maybe a pooled buffer, is reused.
+                stream.synchronize()
 
     def close(self) -> None:
         """Unmap now if nothing points into the mapping any more; otherwise the mapping goes
@@ -112,7 +121,9 @@ class _Region:
                 pass
         elif self.kind == "cuda" and self.memory is not None:
             cupy = cupy_module()
-            if cupy is not None:  # host copies were taken of it: nothing points in any more
+            # No request uses it any more (leases), and every GPU instance waits for its
+            # stream before a request ends, failed ones included: no queued work reads it.
+            if cupy is not None:
                 try:
                     with cupy.cuda.Device(self.device_id):
                         cupy.cuda.runtime.ipcCloseMemHandle(self.memory.data.ptr)
@@ -189,19 +200,29 @@ class SharedMemoryRegistry:
             raise Unsupported(
                 "CUDA shared memory is not available: this server has no CUDA device"
             )
-        if type(device_id) is not int or device_id < 0 or type(byte_size) is not int or (
-            byte_size < 0
+        if (
+            type(device_id) is not int
+            or device_id < 0
+            or type(byte_size) is not int
+            or byte_size < 0
+            or len(raw_handle) != CUDA_IPC_HANDLE_BYTES
         ):
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
         self._check_free(name)
         try:
             with cupy.cuda.Device(device_id):
                 pointer = cupy.cuda.runtime.ipcOpenMemHandle(raw_handle)
-                _check_cuda_size(cupy, pointer, byte_size, name)
-                memory = cupy.cuda.UnownedMemory(pointer, byte_size, None, device_id)
-                array = cupy.ndarray(
-                    (byte_size,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0)
-                )
+                try:
+                    _check_cuda_size(pointer, byte_size, name)
+                    memory = cupy.cuda.UnownedMemory(pointer, byte_size, None, device_id)
+                    array = cupy.ndarray(
+                        (byte_size,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0)
+                    )
+                except BaseException:
+                    # A handle opens once per process: a mapping left open would keep this
+                    # allocation from ever being registered again.
+                    cupy.cuda.runtime.ipcCloseMemHandle(pointer)
+                    raise
         except InferenceServerError:
             raise
         except Exception as exc:  # noqa: BLE001 - a bad handle, another device, no peer access
@@ -360,12 +381,11 @@ class RegionLease:
         return region
 
 
-def _check_cuda_size(cupy: Any, pointer: int, byte_size: int, name: str) -> None:
+def _check_cuda_size(pointer: int, byte_size: int, name: str) -> None:
     """Refuse a CUDA region claiming more bytes than the allocation behind the handle has:
     reads or writes past it would corrupt another process's memory or the CUDA context."""
     allocation = _allocation_range(pointer)
     if allocation is None or pointer + byte_size > allocation[0] + allocation[1]:
-        cupy.cuda.runtime.ipcCloseMemHandle(pointer)
         reason = (
             "the size of the CUDA allocation behind the handle cannot be checked"
             if allocation is None
