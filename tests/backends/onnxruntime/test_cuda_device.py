@@ -123,3 +123,15 @@ def test_bf16_is_held_as_uint16_and_bound_as_bf16(fake: FakeCupy) -> None:
     assert binding.inputs["h"][2:4] == (ONNX_BFLOAT16, [2, 2])
     held = device._buffers["h"].host.view(np.uint16)[:4].reshape(2, 2)
     np.testing.assert_array_equal(held.view(ml_dtypes.bfloat16), np.concatenate([values] * 2))
+
+
+def test_after_a_failure_the_stream_is_waited_for_and_inputs_let_go(fake: FakeCupy) -> None:
+    """A request's buffers (a CUDA region among them) are released once the instance gives up
+    on its run: nothing queued may still read them then."""
+    device, _ = _device(fake)
+    shared = fake.device_array(np.ones((2, 2), np.float32))
+    device.bind_input(Binding(), "x", [shared])
+    assert device._held == [shared]
+    fake.events.clear()
+    device.abandon()
+    assert fake.events == ["synchronize"] and device._held == []
