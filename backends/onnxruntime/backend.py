@@ -5,7 +5,8 @@ on a machine with a GPU and ORT's CUDA execution provider) get a session on the 
 their device, their own CUDA stream as its compute stream, and run through IO binding
 (``iobinding.CudaDevice``). A GPU instance is never silently served by the CPU: without CuPy,
 without the CUDA provider, or when the session comes up on another provider, the load fails
-with a clear error.
+with a clear error. The config's execution accelerators (CUDA options, TensorRT) shape the
+providers (``accelerators``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ import numpy as np
 import onnxruntime as ort
 
 from backends.base import Backend, ModelInstance, ModelSignature, Placement, TensorInfo
+from backends.onnxruntime.accelerators import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    Provider,
+    check_cpu_accelerators,
+    gpu_providers,
+)
 from backends.onnxruntime.iobinding import CudaDevice, IoBindingInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_TYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
@@ -35,8 +43,6 @@ log = logging.getLogger(__name__)
 # Models load on several threads at once; ONNX Runtime session creation is done one at a time
 # (it holds the GIL for most of it anyway, and concurrent creation has had thread-safety bugs).
 _SESSION_CREATION = threading.Lock()
-_CPU_PROVIDER = "CPUExecutionProvider"
-_CUDA_PROVIDER = "CUDAExecutionProvider"
 _GRAPH_LEVELS = {
     -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -76,7 +82,7 @@ class OnnxRuntimeBackend(Backend):
 
     def gpu_count(self) -> int:
         """GPUs usable for KIND_AUTO: CuPy's devices, if this onnxruntime has the CUDA provider."""
-        if _CUDA_PROVIDER not in ort.get_available_providers():
+        if CUDA_PROVIDER not in ort.get_available_providers():
             return 0
         return device_count()
 
@@ -91,6 +97,7 @@ class OnnxRuntimeBackend(Backend):
     ) -> ModelInstance:
         if placement.is_gpu:
             return self._load_gpu_instance(model_path, config, placement.device_id)
+        check_cpu_accelerators(config)
         session = self._session(model_path, self._session_options(config), config.name)
         signature = _signature(session, config.name)
         _check_config_matches(config, signature)
@@ -100,7 +107,7 @@ class OnnxRuntimeBackend(Backend):
         self, model_path: Path, config: mc.ModelConfig, device_id: int
     ) -> ModelInstance:
         what = f"unable to load model '{config.name}': instance group KIND_GPU"
-        if _CUDA_PROVIDER not in ort.get_available_providers():
+        if CUDA_PROVIDER not in ort.get_available_providers():
             raise ModelLoadError(
                 f"{what} needs a CUDA device and the CUDA execution provider, which this "
                 "onnxruntime does not have (install the 'gpu' or 'gpu-cuda13' extra)"
@@ -113,17 +120,13 @@ class OnnxRuntimeBackend(Backend):
                 stream = cupy.cuda.Stream(non_blocking=True)
         except Exception as exc:  # CUDARuntimeError: busy device, no memory
             raise ModelLoadError(f"{what}: GPU {device_id} is not usable: {exc}") from exc
-        provider = (
-            _CUDA_PROVIDER,
-            {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)},
-        )
-        session = self._session(
-            model_path, self._session_options(config), config.name, [provider, _CPU_PROVIDER]
-        )
-        if session.get_providers()[0] != _CUDA_PROVIDER:  # ORT falls back to the CPU silently
+        providers = gpu_providers(config, device_id, stream.ptr, ort.get_available_providers())
+        session = self._session(model_path, self._session_options(config), config.name, providers)
+        wanted = providers[0][0]
+        if session.get_providers()[0] != wanted:  # ORT falls back to the next one silently
             raise ModelLoadError(
                 f"{what}: ONNX Runtime created the session on {session.get_providers()} instead "
-                "of the CUDA execution provider (check the CUDA and cuDNN libraries)"
+                f"of {wanted} (check the CUDA, cuDNN and TensorRT libraries)"
             )
         signature = _signature(session, config.name)
         _check_config_matches(config, signature)
@@ -139,12 +142,12 @@ class OnnxRuntimeBackend(Backend):
         model_path: Path,
         options: ort.SessionOptions,
         model: str,
-        providers: list[str | tuple[str, dict[str, str]]] | None = None,
+        providers: list[Provider] | None = None,
     ) -> ort.InferenceSession:
         try:
             with _SESSION_CREATION:
                 return ort.InferenceSession(
-                    str(model_path), sess_options=options, providers=providers or [_CPU_PROVIDER]
+                    str(model_path), sess_options=options, providers=providers or [(CPU_PROVIDER, {})]
                 )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
             raise ModelLoadError(f"unable to load model '{model}': {exc}") from exc
