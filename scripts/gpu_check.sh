@@ -2,9 +2,8 @@
 # Every GPU check in one command (under 5 minutes on one GPU): the gpu_tests/ suite, then the
 # GPU benchmark. Meant for the device machine, whose Python has CuPy, onnxruntime, grpcio,
 # protobuf and pytest but not this project's other dependencies, and no registry: carry them
-# as wheels in .whl/ (see the device tool's README; at least tornado, orjson and
-# grpcio-health-checking for cp312 manylinux) and they are installed into a private folder
-# first. On any machine with the project installed (`pip install -e '.[test,gpu]'`) it runs
+# as wheels in .whl/ (`bash scripts/gpu_wheels.sh` downloads them where PyPI is reachable) and
+# they are installed into a private folder first. On any machine with the project installed (`pip install -e '.[test,gpu]'`) it runs
 # as it is. Prints what it finds; exits non-zero when a test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
