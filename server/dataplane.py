@@ -145,7 +145,7 @@ class DataPlane:
                     _read_shared_inputs,
                     request,
                     lease,
-                    _required(served.scheduler).takes_device_arrays,
+                    served.scheduler is not None and served.scheduler.takes_device_arrays,
                 )
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
