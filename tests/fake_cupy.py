@@ -70,8 +70,8 @@ class FakeArray:
     def reshape(self, *shape: Any) -> FakeArray:
         return self._wrap(self.host.reshape(*shape))
 
-    def copy(self) -> FakeArray:
-        return self._wrap(self.host.copy())
+    def copy(self, order: str = "C") -> FakeArray:
+        return self._wrap(self.host.copy(order=order))
 
     def set(self, array: np.ndarray, stream: Any = None) -> None:
         """Host to device, with CuPy's checks: a numpy array of the same shape and dtype."""

@@ -3,11 +3,12 @@
 ``optimization { execution_accelerators { gpu_execution_accelerator [ ... ] } }`` on a GPU
 instance:
 
-- ``cuda``: every parameter is passed through as a CUDA provider option (``enable_cuda_graph``,
-  ``cudnn_conv_use_max_workspace``, ``use_tf32``, ...); ``device_id`` and ``user_compute_stream``
-  stay the server's, since the instance's stream is what its copies are ordered on. CUDA graphs
-  replay fixed addresses: they suit models with fixed shapes, whose device input buffers the
-  instance reuses from batch to batch.
+- ``cuda``: every parameter is passed through as a CUDA provider option
+  (``cudnn_conv_use_max_workspace``, ``use_tf32``, ``cudnn_conv_algo_search``, ...);
+  ``device_id`` and ``user_compute_stream`` stay the server's, since the instance's stream is
+  what its copies are ordered on. ``enable_cuda_graph`` (and TensorRT's
+  ``trt_cuda_graph_enable``) is refused: a graph replays the addresses and shapes it captured,
+  and this server binds every batch afresh.
 - ``tensorrt``: the TensorRT provider ahead of CUDA, with Triton's parameter names mapped to ONNX
   Runtime's (``precision_mode`` FP16/INT8, ``max_workspace_size_bytes``, ``minimum_segment_size``,
   ``max_partition_iterations``, ``int8_*``) and ``trt_*`` options passed through. It needs
@@ -18,6 +19,8 @@ has (Triton's is OpenVINO), so a ``cpu_execution_accelerator`` fails their load 
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
@@ -51,8 +54,10 @@ def gpu_providers(
     tensorrt: dict[str, str] | None = None
     for accelerator in config.optimization.execution_accelerators.gpu_execution_accelerator:
         if accelerator.name == "cuda":
+            _refuse_graphs(config.name, accelerator.parameters, "enable_cuda_graph")
             cuda.update(accelerator.parameters)
         elif accelerator.name == "tensorrt":
+            _refuse_graphs(config.name, accelerator.parameters, "trt_cuda_graph_enable")
             tensorrt = _tensorrt_options(config.name, dict(accelerator.parameters))
         else:
             raise _unknown(config.name, accelerator.name)
@@ -80,6 +85,17 @@ def check_cpu_accelerators(config: mc.ModelConfig) -> None:
         raise _unknown(config.name, accelerator.name)
 
 
+def _refuse_graphs(model: str, parameters: Mapping[str, str], key: str) -> None:
+    """CUDA graphs replay the addresses and shapes they were captured with; this server binds
+    each batch afresh (outputs allocated per run, inputs in place from shared memory, batch
+    sizes that vary), so a graph would replay into stale memory. Refused rather than wrong."""
+    if parameters.get(key, "0").lower() not in ("0", "false"):
+        raise ModelLoadError(
+            f"unable to load model '{model}': '{key}' is not supported: CUDA graphs need "
+            "fixed input and output addresses, and this server binds every batch afresh"
+        )
+
+
 def _tensorrt_options(model: str, parameters: dict[str, str]) -> dict[str, str]:
     options: dict[str, str] = {}
     for key, value in parameters.items():
@@ -91,7 +107,7 @@ def _tensorrt_options(model: str, parameters: dict[str, str]) -> dict[str, str]:
                 )
             flag = _PRECISIONS[value]
             if flag is not None:
-                options[flag] = "1"
+                options[flag] = "True"  # ORT's TensorRT options take True/False, not 1/0
         elif key in _TENSORRT_NAMES:
             options[_TENSORRT_NAMES[key]] = value
         elif key.startswith("trt_"):

@@ -32,7 +32,14 @@ import onnxruntime as ort
 from backends.base import ModelInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_DTYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import strings_to_bytes
-from server.cuda.copies import fetch, fill, joined_on_host, joined_shape, storage_dtype
+from server.cuda.copies import (
+    c_contiguous,
+    fetch,
+    fill,
+    joined_on_host,
+    joined_shape,
+    storage_dtype,
+)
 from server.cuda.devices import on_device
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool, size_class
@@ -84,7 +91,7 @@ class HostDevice:
         self._held: list[np.ndarray] = []
 
     def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
-        array = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        array = c_contiguous(parts[0] if len(parts) == 1 else np.concatenate(parts))
         self._held.append(array)  # the bound address must stay valid until the run ends
         binding.bind_input(
             name, "cpu", 0, element_type(array.dtype), list(array.shape), array.ctypes.data
@@ -180,24 +187,33 @@ class CudaDevice:
         cupy = self._cupy
         results: list[np.ndarray] = []
         with cupy.cuda.Device(self.device_id):
-            for value in values:
-                if value.device_name().lower() != "cuda":  # strings, CPU-placed outputs
-                    results.append(host_value(value))
-                    continue
-                dtype = ORT_DTYPES[value.data_type()]
-                shape = tuple(value.shape())
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                if nbytes == 0:  # ORT allocates nothing for an empty tensor (null pointer)
-                    results.append(np.empty(shape, dtype=dtype))
-                    continue
-                memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
-                device = cupy.ndarray(
-                    shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(memory, 0)
-                )
-                results.append(fetch(device, dtype, self.stream, self._host_pool))
+            try:
+                self._fetch_into(results, values)
+            except BaseException:
+                # ``results`` still holds the buffers queued copies write into: wait for
+                # those copies before the buffers can go back to the pool.
+                self.abandon()
+                raise
             self.stream.synchronize()  # every D2H copy has landed before anyone reads
         self._held.clear()
         return results
+
+    def _fetch_into(self, results: list[np.ndarray], values: Sequence[ort.OrtValue]) -> None:
+        """Queue each output's copy to the host, appending its host array to ``results``."""
+        cupy = self._cupy
+        for value in values:
+            if value.device_name().lower() != "cuda":  # strings, CPU-placed outputs
+                results.append(host_value(value))
+                continue
+            dtype = ORT_DTYPES[value.data_type()]
+            shape = tuple(value.shape())
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if nbytes == 0:  # ORT allocates nothing for an empty tensor (null pointer)
+                results.append(np.empty(shape, dtype=dtype))
+                continue
+            memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
+            device = cupy.ndarray(shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(memory, 0))
+            results.append(fetch(device, dtype, self.stream, self._host_pool))
 
     def abandon(self) -> None:
         try:
@@ -229,6 +245,13 @@ class IoBindingInstance(ModelInstance):
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
         return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
+
+    def close(self) -> None:
+        """Let go of the binding and the session (the fallback shares it) now: a GPU session
+        computes on the device's stream, which must outlive it, and the device goes only
+        with this object."""
+        self._fallback.close()
+        del self._binding, self._session, self._fallback
 
     def execute_parts(
         self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from server.cuda.copies import fetch, fill, joined_on_host, joined_shape
+from server.cuda.copies import c_contiguous, fetch, fill, joined_on_host, joined_shape
 from server.cuda.devices import DEVICE_KINDS, on_device, require_cupy
 from server.errors import ModelLoadError
 from server.memory.host_pool import HostBufferPool
@@ -72,15 +72,18 @@ class CudaPlacement:
         return inputs
 
     def to_host(self, outputs: Mapping[str, object]) -> dict[str, object]:
-        """CuPy outputs queued for copying to the host pool on the stream: valid once
-        ``active`` has waited for it. Anything else is passed through."""
-        return {
-            name: (
-                fetch(
-                    self._cupy.ascontiguousarray(value), value.dtype, self._stream, self._host_pool
-                )
-                if isinstance(value, self._cupy.ndarray)
-                else value
-            )
-            for name, value in outputs.items()
-        }
+        """CuPy outputs queued for copying to the host on the stream: valid once ``active``
+        has waited for it. Anything else is passed through."""
+        results: dict[str, object] = {}
+        try:
+            for name, value in outputs.items():
+                if isinstance(value, self._cupy.ndarray):
+                    value = fetch(c_contiguous(value), value.dtype, self._stream, self._host_pool)
+                results[name] = value
+        except BaseException:
+            # ``results`` still holds the buffers queued copies write into: wait for those
+            # copies before the buffers can go back to the pool.
+            with contextlib.suppress(Exception):
+                self._stream.synchronize()
+            raise
+        return results

@@ -20,6 +20,10 @@ import numpy as np
 from server.cuda.devices import DEVICE_KINDS, host_array, on_device
 from server.memory.host_pool import HostBufferPool
 
+#: Outputs smaller than this come back into plain numpy memory, not a pooled (pinned) buffer:
+#: the smallest pooled buffer is 64 KiB, held until the batch's last response is written.
+SMALL_OUTPUT_BYTES = 1 << 16
+
 
 def joined_shape(parts: Sequence[Any]) -> tuple[int, ...]:
     """The shape of ``parts`` joined along their first axis (one part: its own shape)."""
@@ -45,14 +49,22 @@ def fill(cupy: Any, target: Any, parts: Sequence[Any], stream: Any) -> None:
     else:
         ends = np.cumsum([part.shape[0] for part in parts]).tolist()
         targets = [target[start:end] for start, end in zip([0, *ends[:-1]], ends)]
-    for part, rows in zip(parts, targets, strict=True):
-        if on_device(part):
-            source = cupy.ascontiguousarray(part)
-            rows.data.copy_from_device_async(source.data, source.nbytes, stream)
-        else:
-            host = np.ascontiguousarray(part)
-            # A dtype CuPy lacks (BF16) is held as the unsigned integer of its size.
-            rows.set(host if host.dtype == rows.dtype else host.view(rows.dtype), stream=stream)
+    with stream:  # a contiguous copy of a strided part is made on the stream too
+        for part, rows in zip(parts, targets, strict=True):
+            source = c_contiguous(part)
+            if on_device(part):
+                rows.data.copy_from_device_async(source.data, source.nbytes, stream)
+            else:
+                # A dtype CuPy lacks (BF16) is held as the unsigned integer of its size.
+                if source.dtype != rows.dtype:
+                    source = source.view(rows.dtype)
+                rows.set(source, stream=stream)
+
+
+def c_contiguous(array: Any) -> Any:
+    """``array`` (numpy or CuPy) in C order, with its shape: unlike ``ascontiguousarray``, a
+    0-d array stays 0-d."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -63,8 +75,14 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
 
 def fetch(device: Any, dtype: np.dtype, stream: Any, pool: HostBufferPool) -> np.ndarray:
     """Queue on ``stream`` the copy of the C-contiguous device array ``device`` (held as
-    ``storage_dtype(dtype)``) into a buffer from ``pool``; the returned host array of
-    ``dtype`` is valid once the stream has been waited for."""
+    ``storage_dtype(dtype)``) into host memory; the returned host array of ``dtype`` is valid
+    once the stream has been waited for. Outputs under ``SMALL_OUTPUT_BYTES`` get plain numpy
+    memory (their copy costs less than the smallest pooled buffer would hold back), larger ones
+    a buffer of ``pool``."""
+    if device.nbytes < SMALL_OUTPUT_BYTES:
+        host = np.empty(device.shape, dtype=dtype)
+        device.get(stream=stream, out=host.view(device.dtype), blocking=False)
+        return host
     buffer = pool.acquire(device.nbytes)
     # Every view of ``root`` (reshapes, a batch's per-request rows, the memoryviews the
     # transports write) keeps it alive, since its own base is not an array: the buffer goes

@@ -126,8 +126,11 @@ class HostBufferPool:
         self._allocate_pinned = pinned_allocator or cupy_pinned_allocator()
         self._pinned_limit = pinned_limit if self._allocate_pinned is not None else 0
         self._free: dict[tuple[int, bool], list[np.ndarray]] = {}
-        # Reentrant: GPU output buffers are released by finalizers (server.cuda.copies), which
-        # the garbage collector may run inside any allocation, this pool's own included.
+        # GPU output buffers are released by finalizers (server.cuda.copies), which the garbage
+        # collector may run inside any allocation on any thread: the lock is reentrant (the
+        # pool's own allocations), and nothing waits for another lock while holding it (the
+        # pool logs after releasing it), so a finalizer on a thread that holds, say, a logging
+        # lock cannot deadlock with this pool.
         self._lock = threading.RLock()
         self._cached = 0
         self._pinned_total = 0
@@ -175,6 +178,7 @@ class HostBufferPool:
         """A buffer of at least ``nbytes``: a free one of its size class when there is one
         (pinned first), else a new pinned one within the budget, else a pageable one."""
         size = size_class(nbytes)
+        warning: tuple[int, int] | None = None
         with self._lock:
             for pinned in (True, False):
                 free = self._free.get((size, pinned))
@@ -188,9 +192,16 @@ class HostBufferPool:
                 self._pinned_total += size  # reserved before allocating outside the lock
             elif self._pinned_limit > 0:
                 self._fallbacks += 1
-                self._warn_exhausted(size)
+                warning = self._exhausted()
             self._allocations += 1
             self._count_out(size, pin)
+        if warning is not None:  # logged outside the lock: see __init__
+            log.warning(
+                "pinned memory pool exhausted (%d of %d bytes in use): a %d-byte buffer is "
+                "pageable memory instead; raise --pinned-memory-pool-byte-size if this repeats",
+                *warning,
+                size,
+            )
         if pin:
             assert self._allocate_pinned is not None
             try:
@@ -215,17 +226,14 @@ class HostBufferPool:
         else:
             self._pageable_used += size
 
-    def _warn_exhausted(self, size: int) -> None:
+    def _exhausted(self) -> tuple[int, int] | None:
+        """``(pinned bytes in use, budget)`` when the exhaustion warning is due (at most once
+        a minute), else None; called with the lock held."""
         now = time.monotonic()
         if self._warned_at is None or now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now
-            log.warning(
-                "pinned memory pool exhausted (%d of %d bytes in use): a %d-byte buffer is "
-                "pageable memory instead; raise --pinned-memory-pool-byte-size if this repeats",
-                self._pinned_used,
-                self._pinned_limit,
-                size,
-            )
+            return self._pinned_used, self._pinned_limit
+        return None
 
     def _give_back(self, array: np.ndarray, pinned: bool) -> None:
         size = int(array.nbytes)

@@ -44,14 +44,20 @@ def test_without_accelerators_cuda_then_cpu() -> None:
 
 def test_cuda_parameters_are_passed_through_but_not_the_placement() -> None:
     config = _config(
-        'ACC { name: "cuda" parameters { key: "enable_cuda_graph" value: "1" } '
+        'ACC { name: "cuda" parameters { key: "use_tf32" value: "0" } '
         'parameters { key: "device_id" value: "7" } '
+        'parameters { key: "enable_cuda_graph" value: "0" } '
         'parameters { key: "cudnn_conv_use_max_workspace" value: "1" } }'
     )
     cuda = gpu_providers(config, 1, 4096, ALL)[0]
     assert cuda == (
         CUDA_PROVIDER,
-        {"enable_cuda_graph": "1", "cudnn_conv_use_max_workspace": "1", **PLACEMENT},
+        {
+            "use_tf32": "0",
+            "enable_cuda_graph": "0",
+            "cudnn_conv_use_max_workspace": "1",
+            **PLACEMENT,
+        },
     )
 
 
@@ -66,7 +72,7 @@ def test_tensorrt_comes_first_with_tritons_names_mapped() -> None:
     providers = gpu_providers(config, 1, 4096, ALL)
     assert [name for name, _ in providers] == [TENSORRT_PROVIDER, CUDA_PROVIDER, CPU_PROVIDER]
     assert providers[0][1] == {
-        "trt_fp16_enable": "1",
+        "trt_fp16_enable": "True",
         "trt_max_workspace_size": "1073741824",
         "trt_min_subgraph_size": "3",
         "trt_engine_cache_enable": "1",
@@ -87,6 +93,16 @@ def test_tensorrt_comes_first_with_tritons_names_mapped() -> None:
             'ACC { name: "tensorrt" parameters { key: "precision_mode" value: "FP8" } }',
             ALL,
             "unsupported precision mode 'FP8'",
+        ),
+        (
+            'ACC { name: "cuda" parameters { key: "enable_cuda_graph" value: "1" } }',
+            ALL,
+            "'enable_cuda_graph' is not supported: CUDA graphs need fixed",
+        ),
+        (
+            'ACC { name: "tensorrt" parameters { key: "trt_cuda_graph_enable" value: "True" } }',
+            ALL,
+            "'trt_cuda_graph_enable' is not supported",
         ),
         (
             'ACC { name: "tensorrt" }',

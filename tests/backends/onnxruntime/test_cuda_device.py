@@ -72,7 +72,9 @@ def test_parts_are_copied_into_their_rows_of_one_buffer(fake: FakeCupy) -> None:
     binding = Binding()
     fake.events.clear()
     device.bind_input(binding, "x", parts)
-    assert fake.events == ["device 0 on", *["H2D float32 stream"] * 3, "device 0 off"]
+    assert fake.events == [
+        "device 0 on", "stream on", *["H2D float32 stream"] * 3, "stream off", "device 0 off"
+    ]
     assert binding.inputs["x"][:4] == ("cuda", 0, np.float32, [4, 3])
     np.testing.assert_array_equal(_bound(fake, device, "x", binding), np.concatenate(parts))
     assert pools.allocations == [64], "48 bytes, in a power-of-two buffer"

@@ -6,6 +6,8 @@ non-contiguous inputs, and over many runs without holding on to old inputs."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import ml_dtypes
@@ -125,3 +127,18 @@ def test_gpu_instances_refused_clearly_on_this_onnxruntime(models: dict[str, Pat
         backend.load_instance(
             models["add_sub"], config, Placement(mc.ModelInstanceGroup.KIND_GPU, 0)
         )
+
+
+def test_close_lets_go_of_the_session_before_the_device(models: dict[str, Path]) -> None:
+    """A GPU session computes on its device's stream: closing the instance frees the session
+    while the device (and its stream) is still held."""
+    session = _session(models["add_sub"])
+    signature = _signature(session, "add_sub")
+    device = HostDevice()
+    instance = IoBindingInstance(session, device, OnnxRuntimeInstance(session, signature))
+    freed = weakref.ref(session)
+    del session
+    instance.close()
+    gc.collect()
+    assert freed() is None
+    assert instance._device is device

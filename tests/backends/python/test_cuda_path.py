@@ -112,7 +112,9 @@ def test_execute_copies_across_on_the_stream_and_waits(tmp_path: Path, fake: Fak
     assert fake.events == [
         "device 1 on",
         "stream on",
+        "stream on",  # the join's copies are queued on the instance's stream (again)
         "H2D float32 stream",  # INPUT0 only: BYTES and BF16 stay numpy
+        "stream off",
         "compute",
         "to host",
         "synchronize",

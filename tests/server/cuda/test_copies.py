@@ -12,7 +12,14 @@ import gc
 import ml_dtypes
 import numpy as np
 
-from server.cuda.copies import fetch, fill, joined_on_host, joined_shape, storage_dtype
+from server.cuda.copies import (
+    c_contiguous,
+    fetch,
+    fill,
+    joined_on_host,
+    joined_shape,
+    storage_dtype,
+)
 from server.memory.host_pool import HostBufferPool
 from tests.fake_cupy import FakeCupy
 
@@ -21,12 +28,13 @@ def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> 
     fake = FakeCupy()
     stream = fake.cuda.Stream(non_blocking=True)
     pool = HostBufferPool()
-    device = fake.device_array(np.arange(12, dtype=np.float32).reshape(4, 3))
+    values = np.arange(4 * 4096, dtype=np.float32).reshape(4, 4096)  # 64 KiB: pooled
+    device = fake.device_array(values)
     fake.events.clear()
     host = fetch(device, np.dtype(np.float32), stream, pool)
     assert fake.events == ["to host"]
-    np.testing.assert_array_equal(host, np.arange(12).reshape(4, 3))
-    assert pool.bytes_in_use == 1 << 16  # the smallest size class
+    np.testing.assert_array_equal(host, values)
+    assert pool.bytes_in_use == 1 << 16
     rows = [host[:1], host[1:]]  # what scatter hands each request
     del host
     gc.collect()
@@ -41,6 +49,14 @@ def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> 
     again = fetch(device, np.dtype(np.float32), stream, pool)
     assert pool.stats().reuses == 1 and pool.stats().allocations == 1
     del again
+
+
+def test_small_outputs_are_not_pooled() -> None:
+    fake = FakeCupy()
+    pool = HostBufferPool()
+    host = fetch(fake.device_array(np.ones(3, np.float32)), np.dtype(np.float32), None, pool)
+    np.testing.assert_array_equal(host, [1, 1, 1])
+    assert pool.stats().allocations == 0
 
 
 def test_bf16_comes_back_from_its_uint16_storage() -> None:
@@ -58,7 +74,22 @@ def test_parts_fill_their_rows_and_join_on_the_host() -> None:
     parts = [np.ones((2, 2), np.float32), fake.device_array(np.zeros((1, 2), np.float32))]
     assert joined_shape(parts) == (3, 2) and joined_shape(parts[:1]) == (2, 2)
     target = fake.empty((3, 2), np.float32)
-    fill(fake, target, parts, None)
+    fill(fake, target, parts, fake.cuda.Stream())
     np.testing.assert_array_equal(target.host, [[1, 1], [1, 1], [0, 0]])
     np.testing.assert_array_equal(joined_on_host(parts), target.host)
     assert joined_on_host(parts[:1]) is parts[0]
+
+
+def test_scalars_and_strided_parts_keep_their_shape() -> None:
+    """A 0-d input (a non-batching model's scalar) stays 0-d; a strided part is copied in C
+    order first, on the stream."""
+    fake = FakeCupy()
+    stream = fake.cuda.Stream()
+    scalar = fake.empty((), np.float32)
+    fill(fake, scalar, [np.array(2.5, np.float32)], stream)
+    assert scalar.host.shape == () and float(scalar.host) == 2.5
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    target = fake.empty((3, 2), np.float32)
+    fill(fake, target, [strided], stream)
+    np.testing.assert_array_equal(target.host, strided)
+    assert c_contiguous(np.array(1.0)).shape == ()
