@@ -25,6 +25,8 @@ from server.errors import (
 from server.generated import grpc_service_pb2 as pb
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.protocol import grpc_codec
+from server.protocol.model_spec import ModelSpec
+from server.protocol.types import InferRequest
 from server.repository.overrides import FILE_PREFIX
 from server.threads import off_loop_if_large
 
@@ -57,6 +59,25 @@ def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
             raise  # abort() raises; this line is never reached
 
     return wrapped
+
+
+def _decode(
+    request: pb.ModelInferRequest,
+    spec: ModelSpec,
+    raw: list[memoryview],
+    pinned: HostBuffer | None,
+) -> InferRequest:
+    """``grpc_codec.decode_request``, after copying the raw inputs into ``pinned`` (once)."""
+    if pinned is not None:
+        views = []
+        offset = 0
+        for part in raw:
+            end = offset + len(part)
+            pinned.view[offset:end] = part
+            views.append(pinned.view[offset:end])
+            offset = end
+        raw = views
+    return grpc_codec.decode_request(request, spec, raw)
 
 
 def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
@@ -148,12 +169,11 @@ class InferenceServicer:
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
             spec = self._dataplane.model_spec(request.model_name, request.model_version)
-            raw, pinned = self._pinned(raw)
+            pinned = self._pinned_buffer(raw)
             try:
-                # Typed contents and BYTES elements are converted one by one.
-                decoded = await off_loop_if_large(
-                    size, grpc_codec.decode_request, request, spec, raw
-                )
+                # The copy into pinned memory, typed contents and BYTES elements (converted one
+                # by one) are work of the size of the message: off the loop when large.
+                decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
                 response = await self._dataplane.infer(decoded)
                 # The reply is new bytes: outputs that are views of the inputs are copied now,
                 # before the buffers they view are released.
@@ -164,23 +184,17 @@ class InferenceServicer:
                 if pinned is not None:
                     pinned.release()
 
-    def _pinned(self, raw: list[memoryview]) -> tuple[list[memoryview], HostBuffer | None]:
-        """With a GPU, the raw inputs copied once into one pinned buffer, from which the
-        executor's host-to-device copies are DMA; protobuf's own bytes otherwise."""
+    def _pinned_buffer(self, raw: list[memoryview]) -> HostBuffer | None:
+        """With a GPU, a pinned buffer for the raw inputs, from which the executor's
+        host-to-device copies are DMA; None (protobuf's own bytes are used) otherwise, or once
+        the pinned budget is spent (a copy would gain nothing)."""
         if self._pool is None or not self._pool.pins or not raw:
-            return raw, None
+            return None
         buffer = self._pool.acquire(sum(len(part) for part in raw))
-        if not buffer.pinned:  # the pinned budget is spent: a copy would gain nothing
+        if not buffer.pinned:
             buffer.release()
-            return raw, None
-        views = []
-        offset = 0
-        for part in raw:
-            end = offset + len(part)
-            buffer.view[offset:end] = part
-            views.append(buffer.view[offset:end])
-            offset = end
-        return views, buffer
+            return None
+        return buffer
 
     async def ModelStreamInfer(
         self,
