@@ -23,6 +23,7 @@ from server.http import body as http_body
 from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
 from server.protocol import binary, rest_codec
+from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.threads import off_loop_if_large, run_in_thread
 
@@ -135,8 +136,11 @@ class InferHandler(BaseHandler):
         header_length = binary.parse_header_length(
             self.request.headers.get("Inference-Header-Content-Length"), len(body)
         )
+        # Resolve the model first, on the loop (where models are loaded and unloaded): an
+        # unknown model or version is reported as such, whatever else is wrong with the body.
+        spec = self.dataplane.model_spec(model, version)
         request = await off_loop_if_large(
-            len(body), self._decode, body, header_length, model, version
+            len(body), _decode, body, header_length, model, version, spec
         )
         self._request_id = request.id
         response = await self.dataplane.infer(request)
@@ -144,18 +148,6 @@ class InferHandler(BaseHandler):
             response.payload_bytes, rest_codec.encode_response, response, request
         )
         await self._write_response(encoded)
-
-    def _decode(
-        self, body: memoryview, header_length: int | None, model: str, version: str
-    ) -> InferRequest:
-        # Resolve the model first: an unknown model or version is reported as such, whatever
-        # else is wrong with the body.
-        spec = self.dataplane.model_spec(model, version)
-        if header_length == 0:
-            return rest_codec.decode_raw_request(body, spec, version)
-        split = len(body) if header_length is None else header_length
-        header = rest_codec.parse_json(body[:split], "inference request")
-        return rest_codec.decode_request(header, body[split:], model, version, spec)
 
     async def _write_response(self, encoded: rest_codec.EncodedResponse) -> None:
         if encoded.binary:
@@ -203,3 +195,15 @@ class InferHandler(BaseHandler):
         if self._receiver is not None:
             self._receiver.release()
             self._receiver = None
+
+
+def _decode(
+    body: memoryview, header_length: int | None, model: str, version: str, spec: ModelSpec
+) -> InferRequest:
+    """The request in ``body``: raw binary (a header length of 0), or a JSON header and the
+    binary tensors after it."""
+    if header_length == 0:
+        return rest_codec.decode_raw_request(body, spec, version)
+    split = len(body) if header_length is None else header_length
+    header = rest_codec.parse_json(body[:split], "inference request")
+    return rest_codec.decode_request(header, body[split:], model, version, spec)
