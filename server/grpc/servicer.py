@@ -28,7 +28,7 @@ from server.protocol import grpc_codec
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.repository.overrides import FILE_PREFIX
-from server.threads import off_loop_if_large
+from server.threads import off_loop_if_large, run_in_thread
 
 log = logging.getLogger("server.grpc")
 
@@ -86,6 +86,32 @@ def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
         raise Unsupported(f"{rpc} is not implemented yet ({area})")
 
     handler.__name__ = rpc
+    return handler
+
+
+def _shm_status(kind: str, response_type: Any) -> Handler[Any, Any]:
+    """The status RPC of one kind of shared memory (``response_type`` is its response)."""
+
+    @_unary
+    async def handler(self: InferenceServicer, request: Any, context: Context) -> Any:
+        response = response_type()
+        for entry in self._dataplane.shared_memory.status(kind, request.name):
+            response.regions[entry["name"]].CopyFrom(response_type.RegionStatus(**entry))
+        return response
+
+    handler.__name__ = f"{kind.capitalize()}SharedMemoryStatus"
+    return handler
+
+
+def _shm_unregister(kind: str, response_type: Any) -> Handler[Any, Any]:
+    """The unregister RPC of one kind of shared memory: one region, or all (no name)."""
+
+    @_unary
+    async def handler(self: InferenceServicer, request: Any, context: Context) -> Any:
+        self._dataplane.shared_memory.unregister(kind, request.name)
+        return response_type()
+
+    handler.__name__ = f"{kind.capitalize()}SharedMemoryUnregister"
     return handler
 
 
@@ -289,16 +315,12 @@ class InferenceServicer:
     ) -> pb.RepositoryModelUnloadResponse:
         await self._dataplane.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
-    @_unary
-    async def SystemSharedMemoryStatus(
-        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
-    ) -> pb.SystemSharedMemoryStatusResponse:
-        response = pb.SystemSharedMemoryStatusResponse()
-        for entry in self._dataplane.shared_memory.status("system", request.name):
-            response.regions[entry["name"]].CopyFrom(
-                pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
-            )
-        return response
+    SystemSharedMemoryStatus = _shm_status("system", pb.SystemSharedMemoryStatusResponse)
+    SystemSharedMemoryUnregister = _shm_unregister(
+        "system", pb.SystemSharedMemoryUnregisterResponse
+    )
+    CudaSharedMemoryStatus = _shm_status("cuda", pb.CudaSharedMemoryStatusResponse)
+    CudaSharedMemoryUnregister = _shm_unregister("cuda", pb.CudaSharedMemoryUnregisterResponse)
 
     @_unary
     async def SystemSharedMemoryRegister(
@@ -310,38 +332,19 @@ class InferenceServicer:
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary
-    async def SystemSharedMemoryUnregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
-    ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._dataplane.shared_memory.unregister("system", request.name)
-        return pb.SystemSharedMemoryUnregisterResponse()
-
-    @_unary
-    async def CudaSharedMemoryStatus(
-        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        response = pb.CudaSharedMemoryStatusResponse()
-        for entry in self._dataplane.shared_memory.status("cuda", request.name):
-            response.regions[entry["name"]].CopyFrom(
-                pb.CudaSharedMemoryStatusResponse.RegionStatus(**entry)
-            )
-        return response
-
-    @_unary
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self._dataplane.shared_memory.register_cuda(
-            request.name, request.raw_handle, request.device_id, request.byte_size
+        # Opening an IPC handle is a blocking driver call (it may create a CUDA context).
+        await run_in_thread(
+            None,
+            self._dataplane.shared_memory.register_cuda,
+            request.name,
+            request.raw_handle,
+            request.device_id,
+            request.byte_size,
         )
         return pb.CudaSharedMemoryRegisterResponse()
-
-    @_unary
-    async def CudaSharedMemoryUnregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self._dataplane.shared_memory.unregister("cuda", request.name)
-        return pb.CudaSharedMemoryUnregisterResponse()
 
     TraceSetting = _not_yet("TraceSetting", "trace extension")
     LogSettings = _not_yet("LogSettings", "logging extension")

@@ -13,6 +13,7 @@ from typing import Any
 
 from server.errors import InvalidArgument
 from server.http.base import BaseHandler
+from server.threads import run_in_thread
 
 _KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
 
@@ -26,7 +27,7 @@ class SharedMemoryHandler(BaseHandler):
             return
         self.write_json(self.dataplane.shared_memory.status(_KINDS[extension], region or ""))
 
-    def post(self, extension: str, region: str | None, action: str) -> None:
+    async def post(self, extension: str, region: str | None, action: str) -> None:
         kind = _KINDS[extension]
         registry = self.dataplane.shared_memory
         if action == "unregister":
@@ -43,7 +44,10 @@ class SharedMemoryHandler(BaseHandler):
                     _integer(body, "byte_size"),
                 )
             else:
-                registry.register_cuda(
+                # Opening an IPC handle is a blocking driver call (it may create a context).
+                await run_in_thread(
+                    None,
+                    registry.register_cuda,
                     region,
                     _handle(body),
                     _integer(body, "device_id"),
