@@ -3,6 +3,8 @@ status taken from the error hierarchy's one table."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from types import TracebackType
 from typing import Any
@@ -111,3 +113,11 @@ class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
         self.set_status(404)
         self.write_json({"error": "Not Found"})
+
+
+def decode_b64(text: str, key: str) -> bytes:
+    """Base64 ``text`` from field ``key`` of a request body, as bytes; 400 when malformed."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"Unable to parse '{key}': invalid base64") from None

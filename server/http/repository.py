@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from server.errors import InvalidArgument
-from server.http.base import BaseHandler
+from server.http.base import BaseHandler, decode_b64
 from server.observability.statistics import statistics_json
 from server.repository.overrides import FILE_PREFIX
 
@@ -54,10 +52,7 @@ def _files(params: dict[str, Any]) -> dict[str, bytes]:
             continue
         if not isinstance(value, str):
             raise InvalidArgument(f"Unable to parse '{key[:200]}': expected base64 text")
-        try:
-            files[key] = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument(f"Unable to parse '{key[:200]}': invalid base64") from None
+        files[key] = decode_b64(value, key[:200])
     return files
 
 

@@ -7,12 +7,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from server.errors import InvalidArgument
-from server.http.base import BaseHandler
+from server.http.base import BaseHandler, decode_b64
 from server.threads import run_in_thread
 
 _KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
@@ -77,7 +75,4 @@ def _handle(body: dict[str, Any]) -> bytes:
     raw = body.get("raw_handle")
     if not isinstance(raw, dict) or not isinstance(raw.get("b64"), str):
         raise InvalidArgument("Unable to parse 'raw_handle': expected {\"b64\": <base64 string>}")
-    try:
-        return base64.b64decode(raw["b64"], validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument("Unable to parse 'raw_handle': invalid base64") from None
+    return decode_b64(raw["b64"], "raw_handle")
