@@ -76,6 +76,12 @@ class Rejected(Unavailable):
     503, as any Unavailable). Counted as ``reason="REJECTED"`` in the failure metrics."""
 
 
+class AlreadyExists(InferenceServerError):
+    """The name is taken, e.g. by a registered shared memory region (400, ALREADY_EXISTS)."""
+
+    code = ErrorCode.ALREADY_EXISTS
+
+
 class Unsupported(InferenceServerError):
     """The request asks for a feature the server does not offer (HTTP 501)."""
 

@@ -198,7 +198,7 @@ def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> 
                     f"unable to load model '{config.name}': configuration expects {kind} "
                     f"'{tensor.name}' but the model has {sorted(by_name)}"
                 )
-            expected = datatypes.from_config_name(mc.DataType.Name(tensor.data_type))
+            expected = datatypes.from_config_enum(tensor.data_type)
             if expected is not info.datatype:
                 raise ModelLoadError(
                     f"unable to load model '{config.name}': {kind} '{tensor.name}' has datatype "

@@ -90,11 +90,6 @@ class HostBuffer:
     def capacity(self) -> int:
         return int(self._array.nbytes)
 
-    @property
-    def array(self) -> np.ndarray:
-        """The whole buffer as uint8 (for copies that need an ndarray, e.g. CuPy's)."""
-        return self._array
-
     def resize(self, nbytes: int) -> None:
         """Make ``view`` cover ``nbytes`` of the buffer (at most its capacity)."""
         if nbytes > self.capacity:

@@ -35,7 +35,7 @@ import numpy as np
 
 from server.cuda.devices import cupy_module
 from server.errors import (
-    ErrorCode,
+    AlreadyExists,
     InferenceServerError,
     InvalidArgument,
     NotFound,
@@ -56,12 +56,6 @@ CUDA_IPC_HANDLE_BYTES = 64
 DISABLED = (
     "Client shared memory is disabled; start the server with --allow-client-shm=true to use it"
 )
-
-
-class AlreadyExists(InferenceServerError):
-    """A region of that name is registered already (HTTP 400, gRPC ALREADY_EXISTS)."""
-
-    code = ErrorCode.ALREADY_EXISTS
 
 
 @dataclass(eq=False)

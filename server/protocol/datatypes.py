@@ -55,7 +55,6 @@ _ALL = (
 )
 
 BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
-BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
 _BY_CONFIG_ENUM: dict[int, DataType] = {mc.DataType.Value(d.config_name): d for d in _ALL}
 
 
@@ -68,17 +67,10 @@ def from_name(name: object) -> DataType:
     raise InvalidArgument(f"invalid datatype {name!r}: expected one of {', '.join(BY_NAME)}")
 
 
-def from_config_name(config_name: str) -> DataType:
-    """The datatype for a model-config ``TYPE_*`` name (TYPE_STRING is BYTES)."""
-    found = BY_CONFIG_NAME.get(config_name)
-    if found is None:
-        raise InvalidArgument(f"unsupported model config datatype {config_name}")
-    return found
-
-
 def from_config_enum(value: int) -> DataType:
     """The datatype for a model-config ``DataType`` enum number."""
     found = _BY_CONFIG_ENUM.get(value)
     if found is None:
-        raise InvalidArgument(f"unsupported model config datatype {value}")
+        name = mc.DataType.Name(value) if value in mc.DataType.values() else value
+        raise InvalidArgument(f"unsupported model config datatype {name}")
     return found

@@ -11,13 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from server.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, Unsupported
 from server.memory import shared_memory
-from server.memory.shared_memory import (
-    DISABLED,
-    AlreadyExists,
-    SharedMemoryRegistry,
-)
+from server.memory.shared_memory import DISABLED, SharedMemoryRegistry
 
 
 @pytest.fixture

@@ -31,7 +31,9 @@ EXPECTED = {
 
 def test_table_has_exactly_the_v2_datatypes() -> None:
     assert set(datatypes.BY_NAME) == set(EXPECTED)
-    assert set(datatypes.BY_CONFIG_NAME) == {v[0] for v in EXPECTED.values()}
+    assert {d.config_name for d in datatypes.BY_NAME.values()} == {
+        v[0] for v in EXPECTED.values()
+    }
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -58,9 +60,9 @@ def test_from_name_returns_the_shared_instance(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_from_config_name_round_trip(name: str) -> None:
-    config_name = EXPECTED[name][0]
-    assert datatypes.from_config_name(config_name) is datatypes.BY_NAME[name]
+def test_from_config_enum_round_trip(name: str) -> None:
+    value = mc.DataType.Value(EXPECTED[name][0])
+    assert datatypes.from_config_enum(value) is datatypes.BY_NAME[name]
 
 
 @pytest.mark.parametrize(
@@ -75,10 +77,10 @@ def test_from_name_refuses_everything_else(bad: object) -> None:
     assert err.value.http_status == 400
 
 
-@pytest.mark.parametrize("bad", ["TYPE_INVALID", "FP32", "TYPE_FLOAT", ""])
-def test_from_config_name_refuses_unknown(bad: str) -> None:
-    with pytest.raises(InvalidArgument, match=f"unsupported model config datatype {bad}$"):
-        datatypes.from_config_name(bad)
+@pytest.mark.parametrize(("bad", "shown"), [(0, "TYPE_INVALID"), (999, "999")])
+def test_from_config_enum_refuses_unknown(bad: int, shown: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"unsupported model config datatype {shown}$"):
+        datatypes.from_config_enum(bad)
 
 
 def test_datatype_is_frozen() -> None:
