@@ -204,7 +204,8 @@ class ModelRepository:
         """Load or reload ``name`` (from its folder, or from ``files`` in a private folder);
         raises when it does not load, in which case a serving old version keeps serving."""
         check_model_name(name)
-        override = OverrideFolder(name, files) if files else None
+        # Model files can be large: written (and later removed) on a worker thread.
+        override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
         if override is not None:
             path = override.model_dir
         else:
@@ -241,14 +242,14 @@ class ModelRepository:
                 # A failed reload: the serving versions stay; the new attempt is dropped.
                 await _retire(model)
                 if override is not None:
-                    override.remove()
+                    await asyncio.to_thread(override.remove)
                 log.error("reload of '%s' failed; the serving versions stay: %s", name, _failure(model))
                 return model
             self._loaded[name] = _Loaded(model, seen, override)
             if previous is not None:
                 await _retire(previous.model)
                 if previous.override is not None:
-                    previous.override.remove()
+                    await asyncio.to_thread(previous.override.remove)
             return model
 
     async def unload(self, name: str) -> None:
@@ -267,7 +268,7 @@ class ModelRepository:
                 served.state = State.UNAVAILABLE
                 served.reason = "unloaded"
             if loaded.override is not None:
-                loaded.override.remove()
+                await asyncio.to_thread(loaded.override.remove)
                 loaded.override = None
             log.info("unloaded '%s'", name)
 
@@ -297,7 +298,7 @@ class ModelRepository:
         for loaded in list(self._loaded.values()):
             await _retire(loaded.model, wait_secs)
             if loaded.override is not None:
-                loaded.override.remove()
+                await asyncio.to_thread(loaded.override.remove)
 
 
 def _failure(model: Model) -> str:
