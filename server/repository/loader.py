@@ -219,7 +219,9 @@ def _load_version(
             name, instances, policy, result.stats, layout=layout, model=config.name
         )
     else:
-        result.scheduler = DirectScheduler(name, instances, result.stats, layout)
+        result.scheduler = DirectScheduler(
+            name, instances, result.stats, layout, model=config.name
+        )
     result.stats.load_ns = time.perf_counter_ns() - started
     result.state = State.READY
     log.info("successfully loaded '%s' version %d", config.name, version)

@@ -28,8 +28,11 @@ class DirectScheduler:
         instances: Sequence[ModelInstance],
         stats: ModelStats | None = None,
         layout: BatchLayout | None = None,
+        model: str | None = None,
     ) -> None:
-        self._name = name
+        """``name`` labels threads ("<model>-<version>"); ``model`` is the model's name as
+        clients know it, for their error messages (default: ``name``)."""
+        self._model = model or name
         self._stats = stats
         self._layout = layout or BatchLayout()
         self._runners = [
@@ -69,7 +72,7 @@ class DirectScheduler:
             else:  # ragged inputs flattened, batch inputs added, batch outputs shaped
                 inputs = self._layout.gather([job], {})
                 produced = await runner.run(inputs, job.output_names)
-                (outputs,) = self._layout.scatter(self._name, [job], produced)
+                (outputs,) = self._layout.scatter(self._model, [job], produced)
         except asyncio.CancelledError:
             # The runner returns only once the execution is over: it ran, for nobody.
             self._record(job, started)

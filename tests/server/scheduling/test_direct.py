@@ -8,10 +8,13 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import pytest
 
 from backends.base import ModelInstance
+from server.errors import InternalError
 from server.scheduling.direct import DirectScheduler
 from server.scheduling.job import Job
+from server.scheduling.layout import BatchLayout, ScatterOutput
 
 
 class CountingInstance(ModelInstance):
@@ -51,4 +54,22 @@ def test_requests_spread_over_instances_without_overlap() -> None:
     assert all(instance.most_active == 1 for instance in instances)
     assert all(instance.calls > 0 for instance in instances)
     assert sum(instance.calls for instance in instances) == 20
+    scheduler.close()
+
+
+def test_a_model_fault_names_the_model_as_clients_know_it() -> None:
+    """The scheduler is labelled <model>-<version> for its threads; errors name the model."""
+
+    class Short(ModelInstance):
+        def execute(
+            self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        ) -> dict[str, np.ndarray]:
+            return {"y": np.zeros(1)}  # a scattered output the source input does not match
+
+    layout = BatchLayout(
+        ragged=frozenset({"x"}), scatter_outputs={"y": ScatterOutput(source="x", dims=(-1,))}
+    )
+    scheduler = DirectScheduler("m-1", [Short()], layout=layout, model="m")
+    with pytest.raises(InternalError, match="^model 'm' returned output 'y' with 1 elements"):
+        asyncio.run(scheduler.execute(Job({"x": np.ones((1, 3))}, ["y"])))
     scheduler.close()
