@@ -39,8 +39,8 @@ from server.cuda.copies import (
     joined_on_host,
     joined_shape,
     storage_dtype,
+    usable_in_place,
 )
-from server.cuda.devices import on_device
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool, size_class
 
@@ -91,7 +91,7 @@ class HostDevice:
         self._held: list[np.ndarray] = []
 
     def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
-        array = c_contiguous(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        array = c_contiguous(joined_on_host(parts))
         self._held.append(array)  # the bound address must stay valid until the run ends
         binding.bind_input(
             name, "cpu", 0, element_type(array.dtype), list(array.shape), array.ctypes.data
@@ -149,19 +149,10 @@ class CudaDevice:
             self._buffers[name] = buffer
         return buffer[:nbytes].view(storage_dtype(dtype)).reshape(shape)
 
-    def _in_place(self, part: Any) -> bool:
-        """A device array this session can read where it is: on our device, C-contiguous."""
-        return (
-            on_device(part)
-            and part.device.id == self.device_id
-            and part.flags.c_contiguous
-            and part.data.ptr % max(part.dtype.itemsize, 1) == 0
-        )
-
     def bind_input(self, binding: ort.IOBinding, name: str, parts: Sequence[Any]) -> None:
         first = parts[0]
         with self._cupy.cuda.Device(self.device_id):
-            if len(parts) == 1 and self._in_place(first):
+            if len(parts) == 1 and usable_in_place(first, self.device_id):
                 view = first  # already on this GPU (CUDA shared memory): no copy at all
                 self._held.append(view)
             else:
@@ -240,6 +231,8 @@ class IoBindingInstance(ModelInstance):
         self._string_outputs = string_outputs
         self._binding = session.io_binding()
         self.joins_on_device = device.joins_on_device
+        # A GPU run waits for its stream: never on the event loop, whichever scheduler.
+        self.may_run_inline = not device.joins_on_device
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

@@ -16,8 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from server.cuda.copies import c_contiguous, fetch, fill, joined_on_host, joined_shape
-from server.cuda.devices import DEVICE_KINDS, on_device, require_cupy
+from server.cuda.copies import (
+    c_contiguous,
+    fetch,
+    fill,
+    joined_on_host,
+    joined_shape,
+    usable_in_place,
+)
+from server.cuda.devices import DEVICE_KINDS, require_cupy
 from server.errors import ModelLoadError
 from server.memory.host_pool import HostBufferPool
 
@@ -63,7 +70,7 @@ class CudaPlacement:
             first = pieces[0]
             if np.dtype(first.dtype).kind not in DEVICE_KINDS:
                 inputs[name] = joined_on_host(pieces)
-            elif len(pieces) == 1 and on_device(first) and first.device.id == self._device.id:
+            elif len(pieces) == 1 and usable_in_place(first, self._device.id):
                 inputs[name] = first  # already on this GPU (CUDA shared memory)
             else:
                 joined = self._cupy.empty(joined_shape(pieces), dtype=first.dtype)

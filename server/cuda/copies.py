@@ -33,6 +33,17 @@ def joined_shape(parts: Sequence[Any]) -> tuple[int, ...]:
     return (sum(part.shape[0] for part in parts), *first.shape[1:])
 
 
+def usable_in_place(part: Any, device_id: int) -> bool:
+    """Whether ``part`` is a device array that GPU ``device_id`` can compute on where it is
+    (CUDA shared memory): on that device, C-contiguous and aligned for its dtype."""
+    return (
+        on_device(part)
+        and part.device.id == device_id
+        and part.flags.c_contiguous
+        and part.data.ptr % max(part.dtype.itemsize, 1) == 0
+    )
+
+
 def joined_on_host(parts: Sequence[Any]) -> np.ndarray:
     """``parts`` joined along their first axis in host memory (for what stays on the host:
     BYTES, BF16, the CPU path); a single host part is passed through as it is."""

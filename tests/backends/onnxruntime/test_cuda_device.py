@@ -8,14 +8,18 @@ same code on a real GPU.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-from backends.onnxruntime.iobinding import CudaDevice
+from backends.onnxruntime.backend import OnnxRuntimeInstance, _signature
+from backends.onnxruntime.iobinding import CudaDevice, HostDevice, IoBindingInstance
 from backends.onnxruntime.ort_types import ONNX_BFLOAT16
+from scripts import make_models
 from server.memory.host_pool import HostBufferPool
 from tests.fake_cupy import FakeArray, FakeCupy
 
@@ -137,3 +141,15 @@ def test_after_a_failure_the_stream_is_waited_for_and_inputs_let_go(fake: FakeCu
     fake.events.clear()
     device.abandon()
     assert fake.events == ["synchronize"] and device._held == []
+
+
+def test_gpu_instances_never_run_on_the_event_loop(fake: FakeCupy, tmp_path: Path) -> None:
+    """A GPU run waits for its stream, so the runner keeps it on the worker thread even when
+    it is fast (the direct scheduler's path); host binding may run inline."""
+    path = make_models.save(make_models.add_sub("FP32"), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    fallback = OnnxRuntimeInstance(session, _signature(session, "m"))
+    gpu = IoBindingInstance(session, _device(fake)[0], fallback)
+    host = IoBindingInstance(session, HostDevice(), fallback)
+    assert (gpu.may_run_inline, gpu.joins_on_device) == (False, True)
+    assert (host.may_run_inline, host.joins_on_device) == (True, False)
