@@ -156,7 +156,7 @@ class _Metrics:
 
 def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Metrics:
     gpu = GpuMonitor.start() if settings.allow_gpu_metrics else None
-    sampler = SystemSampler(settings.allow_cpu_metrics, gpu if gpu and gpu.available else None)
+    sampler = SystemSampler(settings.allow_cpu_metrics, gpu)
     histograms = settings.metrics_config.get("histogram_latencies", False)
 
     def page() -> str:

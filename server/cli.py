@@ -184,17 +184,18 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     """Parse the command line into ``Settings``; exits with a message on bad flags."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.http_max_input_size <= 0:
-        parser.exit(1, "Error: --http-max-input-size must be greater than 0.\n")
     if args.load_model and args.model_control_mode != "explicit":
         parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
     for value, name in (
+        (args.http_max_input_size, "--http-max-input-size"),
         (args.http_max_header_size, "--http-max-header-size"),
         (args.http_idle_timeout_secs, "--http-idle-timeout-secs"),
         (args.http_body_timeout_secs, "--http-body-timeout-secs"),
         (args.http_max_inflight_bytes, "--http-max-inflight-bytes"),
+        (args.metrics_interval_ms, "--metrics-interval-ms"),
+        (args.repository_poll_secs, "--repository-poll-secs"),
     ):
         if value <= 0:
             parser.exit(1, f"Error: {name} must be greater than 0.\n")
@@ -204,12 +205,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             "Error: --http-max-inflight-bytes must be at least --http-max-input-size (one "
             "largest body must fit).\n",
         )
-    if args.metrics_interval_ms <= 0:
-        parser.exit(1, "Error: --metrics-interval-ms must be greater than 0.\n")
     if args.pinned_memory_pool_byte_size < 0:
         parser.exit(1, "Error: --pinned-memory-pool-byte-size must not be negative.\n")
-    if args.repository_poll_secs <= 0:
-        parser.exit(1, "Error: --repository-poll-secs must be greater than 0.\n")
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value

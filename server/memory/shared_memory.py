@@ -286,8 +286,7 @@ class SharedMemoryRegistry:
                         region.close()
 
     def _find(self, name: str) -> _Region:
-        if not self.enabled:
-            raise InvalidArgument(DISABLED)
+        self._check_enabled()
         with self._lock:
             region = self._regions.get(("system", name)) or self._regions.get(("cuda", name))
         if region is None:

@@ -133,7 +133,6 @@ class GpuMonitor:
         self._nvml = nvml
         self._devices = devices
         self._lock = threading.Lock()
-        self._open = nvml is not None
 
     @classmethod
     def start(
@@ -209,27 +208,26 @@ class GpuMonitor:
     @property
     def available(self) -> bool:
         """Whether NVML is initialised and sees at least one (selected) GPU."""
-        return self._open
+        return self._nvml is not None
 
     @property
     def uuids(self) -> list[str]:
         """The UUIDs of the monitored GPUs, in NVML index order (empty when unavailable)."""
-        return [device.uuid for device in self._devices] if self._open else []
+        return [device.uuid for device in self._devices] if self._nvml is not None else []
 
     def sample(self) -> list[GpuSample]:
         """Read every monitored GPU now; [] when unavailable or closed. Thread-safe."""
         with self._lock:
-            if not self._open or self._nvml is None:
+            if self._nvml is None:
                 return []
             return [self._sample(self._nvml, device) for device in self._devices]
 
     def close(self) -> None:
         """Shut NVML down (once; later calls and ``sample()`` do nothing). Thread-safe."""
         with self._lock:
-            if not self._open or self._nvml is None:
-                return
-            self._open = False
-            _shutdown(self._nvml, self._nvml.NVMLError)
+            nvml, self._nvml = self._nvml, None
+            if nvml is not None:
+                _shutdown(nvml, nvml.NVMLError)
 
     def __enter__(self) -> Self:
         return self

@@ -91,13 +91,14 @@ class SystemSampler:
         return reading
 
     async def run(self, interval_s: float) -> None:
-        """Sample until cancelled; a failed reading is logged and the next one tried."""
+        """Sample every ``interval_s`` until cancelled (the caller took the first reading); a
+        failed reading is logged and the next one tried."""
         while True:
+            await asyncio.sleep(interval_s)
             try:
                 await asyncio.to_thread(self.sample)
             except Exception:  # metrics must never take the server down
                 log.exception("sampling CPU/GPU metrics failed")
-            await asyncio.sleep(interval_s)
 
     def close(self) -> None:
         if self._gpu is not None:
