@@ -8,6 +8,7 @@ the same HTTP status and gRPC code as from Triton (see triton-facts §1.3).
 from __future__ import annotations
 
 import enum
+import logging
 
 
 class ErrorCode(enum.Enum):
@@ -105,3 +106,13 @@ def to_server_error(exc: BaseException) -> InferenceServerError:
     if isinstance(exc, InferenceServerError):
         return exc
     return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+def reported(exc: BaseException, log: logging.Logger, where: str) -> InferenceServerError:
+    """``exc`` as the error its client is answered with; a server fault (an internal error)
+    is also logged, with its traceback, as "internal error <where>: <message>". Client
+    mistakes are not logged here: they are answered, and the data plane logs every failure."""
+    error = to_server_error(exc)
+    if isinstance(error, InternalError):
+        log.error("internal error %s: %s", where, error.message, exc_info=exc)
+    return error

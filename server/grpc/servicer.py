@@ -15,13 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from server.dataplane import DataPlane
-from server.errors import (
-    InferenceServerError,
-    InternalError,
-    InvalidArgument,
-    Unsupported,
-    to_server_error,
-)
+from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.protocol import grpc_codec
@@ -52,9 +46,7 @@ def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
         try:
             return await handler(self, request, context)
         except Exception as exc:
-            error = to_server_error(exc)
-            if isinstance(error, InternalError):
-                log.error("internal error in %s: %s", handler.__name__, error.message, exc_info=exc)
+            error = reported(exc, log, f"in {handler.__name__}")
             await context.abort(status_code(error), error.message)
             raise  # abort() raises; this line is never reached
 
@@ -238,10 +230,8 @@ class InferenceServicer:
             try:
                 request, raw = grpc_codec.split_request(data)
                 reply = await self._infer(request, raw, len(data), stream=True)
-            except Exception as exc:
-                error = to_server_error(exc)
-                if isinstance(error, InternalError):
-                    log.error("internal error in ModelStreamInfer: %s", error.message, exc_info=exc)
+            except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
+                error = reported(exc, log, "in ModelStreamInfer")
                 reply = pb.ModelStreamInferResponse(
                     error_message=error.message,
                     infer_response=pb.ModelInferResponse(

@@ -13,12 +13,7 @@ from typing import Any
 import tornado.iostream
 import tornado.web
 
-from server.errors import (
-    InferenceServerError,
-    InternalError,
-    Unsupported,
-    to_server_error,
-)
+from server.errors import InferenceServerError, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import BaseHandler, log
 from server.memory.host_pool import HostBufferPool
@@ -114,13 +109,8 @@ class InferHandler(BaseHandler):
         except asyncio.CancelledError:
             pass  # the client disconnected: nobody to answer
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
-            error = to_server_error(exc)
-            if isinstance(error, InternalError):  # the server's fault: keep a trace of it
-                log.error(
-                    "internal error for request id %r to model '%s': %s",
-                    self._request_id, model, error.message, exc_info=exc,
-                )
-            self.send_server_error(error)
+            where = f"for request id {self._request_id!r} to model '{model}'"
+            self.send_server_error(reported(exc, log, where))
         finally:
             self._release()
 
