@@ -12,7 +12,7 @@ which defines a class named ``TensorgateModel``::
 every requested output. On KIND_CPU instances the arrays are numpy arrays; on KIND_GPU
 instances numeric inputs are CuPy arrays on the instance's device, with the instance's stream
 current, and CuPy outputs are copied back to the host. The code runs inside the server
-process, one call at a time per instance, on the instance's worker thread (or, for executions
-the runner has timed as very short, on the event loop thread): a crash in it (a segfault in an
-extension, ``os._exit``) takes the whole server down, and an endless loop hangs that instance.
+process, one call at a time per instance, always on the instance's worker thread: a crash in
+it (a segfault in an extension, ``os._exit``) takes the whole server down, and an endless loop
+hangs that instance.
 """
