@@ -33,14 +33,12 @@ starts it), stopped by PID (SIGTERM) at the end.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,18 +64,14 @@ os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their th
 
 import numpy as np
 
-from scripts.bench_grpc import (
-    GrpcLoadGenerator,
-    check_grpc_response,
-    encode_grpc_request,
-)
+from scripts.bench_grpc import encode_grpc_request, grpc_problems, measure_grpc
 from scripts.bench_http import (
     REPOSITORY,
     HttpFraming,
     ServerUnderTest,
     Workload,
-    check_response,
     encode_request,
+    http_problems,
 )
 
 CONCURRENCIES = (1, 8, 32, 64)
@@ -245,30 +239,6 @@ class Counters:
 # --- load -----------------------------------------------------------------------------------
 
 
-async def _measure_grpc(
-    address: tuple[str, int],
-    request: bytes,
-    concurrency: int,
-    seconds: float,
-    max_requests: int,
-    server_pid: int,
-    before_timed: Callable[[], object],
-) -> tuple[Sample, str]:
-    """``bench_grpc.measure_grpc`` (one channel) with the ``before_timed`` hook of
-    ``bench_common.measure``: first call alone, warm-up, hook, timed run."""
-    generator = GrpcLoadGenerator(address, request, concurrency, 1)
-    try:
-        await generator.connect()
-        first = await generator.run(seconds, 1)
-        await generator.run(min(0.5, seconds / 5), max_requests)
-        before_timed()
-        sample = await generator.run(seconds, max_requests, server_pid)
-    finally:
-        await generator.close()
-    sample.first_response = first.first_response
-    return sample, generator.first_error
-
-
 @dataclass
 class Run:
     """One model at one concurrency over one protocol."""
@@ -328,31 +298,20 @@ def run_one(
             endpoints.server_pid,
             before_timed,
         )
-        problems = (
-            check_response(sample.first_response, workload)
-            if sample.first_response
-            else ["no response at all"]
-        )
+        problems = http_problems(sample, workload)
     else:
         assert endpoints.grpc is not None
-        sample, first_error = asyncio.run(
-            _measure_grpc(
-                endpoints.grpc,
-                encode_grpc_request(workload),
-                concurrency,
-                args.seconds,
-                args.max_requests,
-                endpoints.server_pid,
-                before_timed,
-            )
+        sample, first_error = measure_grpc(
+            endpoints.grpc,
+            encode_grpc_request(workload),
+            concurrency,
+            1,
+            args.seconds,
+            args.max_requests,
+            endpoints.server_pid,
+            before_timed,
         )
-        problems = (
-            check_grpc_response(sample.first_response, workload)
-            if sample.first_response
-            else [f"no response at all ({first_error or 'no error either'})"]
-        )
-        if first_error and sample.first_response:
-            problems.append(f"{sample.errors} failed calls, first: {first_error}")
+        problems = grpc_problems(sample, first_error, workload)
     counters = Counters.read(endpoints.http, workload.model) - marks["before"]
     # The server's own count of the timed run must match the client's.
     if (

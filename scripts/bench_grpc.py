@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -61,8 +62,8 @@ from scripts.bench_http import (
     HttpFraming,
     ServerUnderTest,
     Workload,
-    check_response,
     encode_request,
+    http_problems,
     workloads,
 )
 from server.generated import grpc_service_pb2 as pb
@@ -155,29 +156,6 @@ class GrpcLoadGenerator(loadtest_clients.GrpcLoadGenerator):
         return sample
 
 
-async def _measure_grpc(
-    address: tuple[str, int],
-    request: bytes,
-    concurrency: int,
-    channels: int,
-    seconds: float,
-    max_requests: int,
-    server_pid: int | None,
-) -> tuple[Sample, str]:
-    """As ``bench_common.measure``: one request alone (the one to verify), a short warm-up, then
-    the timed run, which carries that first response; also the first error seen, if any."""
-    generator = GrpcLoadGenerator(address, request, concurrency, channels)
-    try:
-        await generator.connect()
-        first = await generator.run(seconds, 1)
-        await generator.run(min(0.5, seconds / 5), max_requests)
-        sample = await generator.run(seconds, max_requests, server_pid)
-    finally:
-        await generator.close()
-    sample.first_response = first.first_response
-    return sample, generator.first_error
-
-
 def measure_grpc(
     address: tuple[str, int],
     request: bytes,
@@ -186,10 +164,37 @@ def measure_grpc(
     seconds: float,
     max_requests: int,
     server_pid: int | None,
+    before_timed: Callable[[], object] | None = None,
 ) -> tuple[Sample, str]:
-    return asyncio.run(
-        _measure_grpc(address, request, concurrency, channels, seconds, max_requests, server_pid)
-    )
+    """As ``bench_common.measure``: one request alone (the one to verify), a short warm-up,
+    ``before_timed()`` if given, then the timed run, which carries that first response; also
+    the first error seen, if any."""
+
+    async def run() -> tuple[Sample, str]:
+        generator = GrpcLoadGenerator(address, request, concurrency, channels)
+        try:
+            await generator.connect()
+            first = await generator.run(seconds, 1)
+            await generator.run(min(0.5, seconds / 5), max_requests)
+            if before_timed is not None:
+                before_timed()
+            sample = await generator.run(seconds, max_requests, server_pid)
+        finally:
+            await generator.close()
+        sample.first_response = first.first_response
+        return sample, generator.first_error
+
+    return asyncio.run(run())
+
+
+def grpc_problems(sample: Sample, first_error: str, workload: Workload) -> list[str]:
+    """What is wrong with a gRPC measurement: its first answer, or its failed calls."""
+    if not sample.first_response:
+        return [f"no response at all ({first_error or 'no error either'})"]
+    problems = check_grpc_response(sample.first_response, workload)
+    if first_error:
+        problems.append(f"{sample.errors} failed calls, first: {first_error}")
+    return problems
 
 
 # --- grpc.aio echo baseline ------------------------------------------------------------------
@@ -290,11 +295,7 @@ def run_cell(
         len(http_request) + (1 << 16),
         endpoints.server_pid,
     )
-    http_problems = (
-        check_response(http.first_response, workload)
-        if http.first_response
-        else ["no response at all"]
-    )
+    problems_http = http_problems(http, workload)
     grpc_sample, first_error = measure_grpc(
         endpoints.grpc,
         grpc_request,
@@ -304,13 +305,7 @@ def run_cell(
         args.max_requests,
         endpoints.server_pid,
     )
-    grpc_problems = (
-        check_grpc_response(grpc_sample.first_response, workload)
-        if grpc_sample.first_response
-        else [f"no response at all ({first_error or 'no error either'})"]
-    )
-    if first_error and grpc_sample.first_response:
-        grpc_problems.append(f"{grpc_sample.errors} failed calls, first: {first_error}")
+    problems_grpc = grpc_problems(grpc_sample, first_error, workload)
     echo = None
     if endpoints.echo is not None:
         echo, echo_error = measure_grpc(
@@ -330,9 +325,9 @@ def run_cell(
         len(http_request),
         len(grpc_request),
         http,
-        http_problems,
+        problems_http,
         grpc_sample,
-        grpc_problems,
+        problems_grpc,
         ort,
         echo,
     )

@@ -186,6 +186,13 @@ def check_response(raw: bytes, workload: Workload) -> list[str]:
     return problems
 
 
+def http_problems(sample: Sample, workload: Workload) -> list[str]:
+    """What is wrong with an HTTP measurement's first answer (or that there was none)."""
+    if not sample.first_response:
+        return ["no response at all"]
+    return check_response(sample.first_response, workload)
+
+
 # --- the server under test ------------------------------------------------------------------
 
 
@@ -343,11 +350,7 @@ def run_cells(
                     capacity,
                     server_pid,
                 )
-                problems = (
-                    check_response(served.first_response, workload)
-                    if served.first_response
-                    else ["no response at all"]
-                )
+                problems = http_problems(served, workload)
                 echoed = None
                 if served.first_response:
                     reply = len(served.first_response)
