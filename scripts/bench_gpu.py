@@ -21,11 +21,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,12 +90,6 @@ def copy_rates(cupy: Any) -> dict[str, float]:
     return rates
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _request(payload: np.ndarray) -> tuple[bytes, dict[str, str]]:
     header = json.dumps(
         {
@@ -128,52 +118,34 @@ def end_to_end(seconds: float) -> dict[str, float] | str:
         import tornado  # noqa: F401
     except ImportError as exc:
         return f"skipped: the server's dependencies are missing here ({exc})"
+    from scripts.bench_http import ServerUnderTest  # after the check: it needs them too
+
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as base:
         model = Path(base) / "identity_gpu"
         (model / "1").mkdir(parents=True)
         (model / "1" / "model.py").write_text(MODEL_PY)
         (model / "config.pbtxt").write_text(CONFIG)
-        port = _free_port()
-        server = subprocess.Popen(
-            [
-                sys.executable, "-m", "server", f"--model-repository={base}",
-                f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false",
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
         try:
-            return _drive(port, seconds, server)
+            server = ServerUnderTest(
+                repositories=[Path(base)], extra_args=("--allow-grpc=false", "--allow-metrics=false")
+            )
+        except RuntimeError as exc:
+            return f"skipped: {exc}"
+        try:
+            return _drive(server.address, seconds)
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            server.stop()
 
 
-def _drive(port: int, seconds: float, server: subprocess.Popen[str]) -> dict[str, float] | str:
-    deadline = time.monotonic() + 60
-    while True:
-        if server.poll() is not None:
-            log = server.stdout.read() if server.stdout else ""
-            return f"skipped: the server exited: {log[-2000:]}"
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            connection.request("GET", "/v2/models/identity_gpu/ready")
-            if connection.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            return "skipped: the model did not become ready in 60 s"
-        time.sleep(0.2)
+def _drive(address: tuple[str, int], seconds: float) -> dict[str, float] | str:
+    connection = http.client.HTTPConnection(*address, timeout=60)
+    connection.request("GET", "/v2/models/identity_gpu/ready")
+    ready = connection.getresponse()
+    if ready.status != 200:
+        return f"skipped: the model is not ready ({ready.status} {ready.read()[:300]!r})"
+    ready.read()
     payload = np.random.default_rng(0).standard_normal(NBYTES // 4).astype(np.float32)
     body, headers = _request(payload)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     latencies = []
     end = time.monotonic() + seconds
     while time.monotonic() < end or not latencies:
