@@ -175,14 +175,14 @@ def measure_grpc(
         try:
             await generator.connect()
             first = await generator.run(seconds, 1)
-            await generator.run(min(0.5, seconds / 5), max_requests)
+            warm = await generator.run(min(0.5, seconds / 5), max_requests)
             if before_timed is not None:
                 before_timed()
             sample = await generator.run(seconds, max_requests, server_pid)
         finally:
             await generator.close()
         sample.first_response = first.first_response
-        return sample, generator.first_error
+        return sample, first.first_error or warm.first_error or sample.first_error
 
     return asyncio.run(run())
 

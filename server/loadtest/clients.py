@@ -151,13 +151,12 @@ class HttpLoadGenerator:
         request: bytes,
         concurrency: int,
         response_capacity: int = 1 << 16,
-        framing: HttpFraming | None = None,
     ) -> None:
         self._address = address
         self._request = request
         self._concurrency = concurrency
         self._capacity = response_capacity
-        self.framing = framing or HttpFraming()
+        self.framing = HttpFraming()
         self._connections: list[_Connection] = []
         self._sample = Sample()
         self._deadline = 0.0
@@ -301,7 +300,6 @@ class GrpcLoadGenerator:
             )
             for channel in self._channels
         ]
-        self.first_error = ""
 
     async def connect(self) -> None:
         for channel in self._channels:
@@ -330,7 +328,6 @@ class GrpcLoadGenerator:
                 except grpc.aio.AioRpcError as exc:
                     message = f"{exc.code().name}: {exc.details()}"
                     into.note_error(message)
-                    self.first_error = self.first_error or message
                 else:
                     into.latencies.append(time.perf_counter() - began)
                     into.requests += 1

@@ -37,7 +37,6 @@ class LoadTarget:
     host: str
     port: int
     request: bytes
-    response_capacity: int = 1 << 16
 
 
 # --- in the worker process -------------------------------------------------------------------
@@ -89,7 +88,7 @@ def _generator(target: LoadTarget, slots: int) -> HttpLoadGenerator | GrpcLoadGe
     address = (target.host, target.port)
     if target.protocol == "grpc":
         return GrpcLoadGenerator(address, target.request, slots)
-    return HttpLoadGenerator(address, target.request, slots, target.response_capacity)
+    return HttpLoadGenerator(address, target.request, slots)
 
 
 # --- in the main process ---------------------------------------------------------------------
