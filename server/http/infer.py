@@ -95,13 +95,11 @@ class InferHandler(BaseHandler):
 
     async def post(self, model: str, version: str | None) -> None:
         self._in_post = True
-        if self._receiver is None and not self._finished and not self._drained_refusal:
-            return  # the client went away after sending its body: nobody to answer
         if self._drained_refusal:  # answered in prepare(); the body has now been dropped
             self.finish()
             return
-        if self._finished:  # refused while the body was arriving
-            return
+        if self._receiver is None or self._finished:
+            return  # the client went away after sending its body, or it was refused meanwhile
         try:
             with self.dataplane.gate.admit():
                 self._task = asyncio.ensure_future(self._infer(model, version or ""))
