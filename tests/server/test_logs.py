@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from server.logs import TritonFormatter
+from tests.server.http.helpers import assert_simple_ok
 from tests.server_process import EXAMPLES, ROOT, start_server
 
 _DEFAULT = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ server\.test\] hello 42$")
@@ -62,6 +63,7 @@ def test_failed_requests_are_logged_with_their_id() -> None:
         while "req-7" not in server.log and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "request id 'req-7' to model 'simple' version 1 failed" in server.log
+        assert_simple_ok(server)  # the failure left the server serving
         assert "infer model=" not in server.log, "per-request lines need --log-verbose=1"
     finally:
         server.stop()

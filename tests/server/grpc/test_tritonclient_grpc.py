@@ -964,6 +964,7 @@ def _set_parameters(params: Any, values: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
+@pytest.mark.usefixtures("assert_still_serving")  # and HTTP still serves after its refusal
 def test_http_and_grpc_give_the_same_error(
     server: ServerProcess, stub: service_pb2_grpc.GRPCInferenceServiceStub, name: str
 ) -> None:

@@ -302,7 +302,10 @@ def test_inputs_with_different_batch_sizes(server: ServerProcess) -> None:
             json_input("INPUT1", "INT32", [2, 16], [0] * 32),
         ]
     }
-    _refused(post_json(server, "simple", body))
+    assert _refused(post_json(server, "simple", body)) == (
+        "inference input 'INPUT1' batch size 2 does not match the batch size 1 of the other "
+        "inputs for model 'simple'"
+    )
 
 
 # --- data values ------------------------------------------------------------------------------
@@ -402,7 +405,10 @@ def _binary_fp32(size_claimed: int, blob: bytes) -> tuple[bytes, dict[str, str]]
 
 def test_binary_data_size_larger_than_body(server: ServerProcess) -> None:
     body, headers = _binary_fp32(40, b"\x00" * 32)
-    _refused(post_json(server, "identity_fp32", body, headers))
+    assert _refused(post_json(server, "identity_fp32", body, headers)) == (
+        "unexpected size for input 'INPUT0', expecting 40 additional bytes for model "
+        "'identity_fp32'"
+    )
 
 
 def test_binary_data_size_not_matching_shape(server: ServerProcess) -> None:
@@ -414,7 +420,10 @@ def test_binary_data_size_not_matching_shape(server: ServerProcess) -> None:
 
 def test_trailing_bytes(server: ServerProcess) -> None:
     body, headers = _binary_fp32(32, b"\x00" * 36)
-    _refused(post_json(server, "identity_fp32", body, headers))
+    assert _refused(post_json(server, "identity_fp32", body, headers)) == (
+        "unexpected additional input data for model 'identity_fp32': 4 bytes after the last "
+        "binary input"
+    )
 
 
 def test_trailing_bytes_after_json_only_header(server: ServerProcess) -> None:
@@ -431,18 +440,27 @@ def test_binary_input_without_header(server: ServerProcess) -> None:
     )
 
 
+_OF_INPUT = "inference input 'INPUT0' for model 'dt_bytes'"
+
+
 @pytest.mark.parametrize(
-    "blob",
+    ("blob", "message"),
     [
-        serialize_bytes([b"ab"])[:5],
-        b"\x05\x00\x00\x00ab",
-        serialize_bytes([b"a", b"b", b"c"]),
-        serialize_bytes([b"a"]),
-        b"\x01\x00",
+        (
+            serialize_bytes([b"ab"])[:5],
+            f"BYTES element 0 of {_OF_INPUT} claims 2 bytes but only 1 remain",
+        ),
+        (b"\x05\x00\x00\x00ab", f"BYTES element 0 of {_OF_INPUT} claims 5 bytes but only 2 remain"),
+        (
+            serialize_bytes([b"a", b"b", b"c"]),
+            f"unexpected number of string elements 3 for {_OF_INPUT}, expecting 2",
+        ),
+        (serialize_bytes([b"a"]), f"expected 2 string elements for {_OF_INPUT}, got 1"),
+        (b"\x01\x00", f"unexpected end of BYTES data for {_OF_INPUT}"),
     ],
     ids=["truncated-element", "length-beyond-end", "too-many", "too-few", "short-prefix"],
 )
-def test_malformed_binary_bytes(server: ServerProcess, blob: bytes) -> None:
+def test_malformed_binary_bytes(server: ServerProcess, blob: bytes, message: str) -> None:
     header = {
         "inputs": [
             {
@@ -454,7 +472,7 @@ def test_malformed_binary_bytes(server: ServerProcess, blob: bytes) -> None:
         ]
     }
     body, headers = binary_body(header, blob)
-    _refused(post_json(server, "dt_bytes", body, headers))
+    assert _refused(post_json(server, "dt_bytes", body, headers)) == message
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "1.5", "", "12abc"])
@@ -471,13 +489,16 @@ def test_header_length_too_large(server: ServerProcess, value: str) -> None:
     message = _refused(
         post_json(server, "identity_fp32", body, {"Inference-Header-Content-Length": value})
     )
-    assert "Inference-Header-Content-Length" in message or "inference header size" in message
+    # Triton's text: the header must fit in the body that came
+    assert message == f"inference header size should be in range (0, {len(body)}), got: {value}"
 
 
 def test_header_length_cutting_the_json(server: ServerProcess) -> None:
     body = json.dumps(_fp32([1, 2], [1.0, 2.0])).encode()
     headers = {"Inference-Header-Content-Length": "10"}
-    _refused(post_json(server, "identity_fp32", body, headers))
+    message = _refused(post_json(server, "identity_fp32", body, headers))
+    # the first 10 bytes are read as the whole JSON header, which ends too early
+    assert message.startswith("failed to parse the inference request JSON: ")
 
 
 def test_raw_request_not_whole_elements(server: ServerProcess) -> None:
@@ -711,9 +732,23 @@ def test_oversize_chunked_body(small: ServerProcess) -> None:
 
 
 def test_corrupt_compressed_body(small: ServerProcess) -> None:
-    _refused(post_json(small, "simple", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}))
+    as_gzip = {"Content-Encoding": "gzip"}
+    # a gzip header whose deflate stream stops after one byte
+    assert _refused(post_json(small, "simple", b"\x1f\x8b\x08\x00garbage", as_gzip)) == (
+        "truncated gzip request body"
+    )
     truncated = gzip.compress(json.dumps(simple_request()).encode())[:-10]
-    _refused(post_json(small, "simple", truncated, {"Content-Encoding": "gzip"}))
+    assert _refused(post_json(small, "simple", truncated, as_gzip)) == (
+        "truncated gzip request body"
+    )
+    # a deflate block of the reserved type 3, neither gzip/zlib nor raw deflate
+    invalid = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 4
+    assert _refused(post_json(small, "simple", invalid, as_gzip)) == (
+        "unable to decompress the gzip request body"
+    )
+    assert _refused(post_json(small, "simple", b"\xff" * 4, {"Content-Encoding": "deflate"})) == (
+        "unable to decompress the deflate request body"
+    )
 
 
 def test_oversize_body_sent_whole_gets_the_answer_and_keeps_the_connection(

@@ -9,6 +9,9 @@ import pytest
 from tests.server.http.helpers import SIMPLE_SUM, error_of, simple_request
 from tests.server_process import ServerProcess
 
+# After every test, the 404s, 405s and refusals included: a good request is still answered.
+pytestmark = pytest.mark.usefixtures("assert_still_serving")
+
 SIMPLE_INPUT = {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]}
 
 

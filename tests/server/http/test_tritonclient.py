@@ -18,6 +18,9 @@ from tritonclient.utils import (  # type: ignore[import-untyped]
 from tests.model_repos import DATATYPES, identity_name
 from tests.server_process import ServerProcess
 
+# After every test, the refusals included: a good request is still answered.
+pytestmark = pytest.mark.usefixtures("assert_still_serving")
+
 #: Datatypes ``InferInput.set_data_from_numpy(binary_data=False)`` refuses client-side.
 CLIENT_REFUSES_JSON_INPUT = {"BF16"}
 

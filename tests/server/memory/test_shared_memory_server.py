@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
 import tritonclient.utils.shared_memory as shm  # type: ignore[import-untyped]
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from tests.model_repos import build_slow_repository
@@ -191,36 +194,90 @@ def test_output_cannot_be_both_shared_and_binary(server: ServerProcess) -> None:
         "POST", "/v2/models/simple/infer", json.dumps(body).encode()
     )
     assert status == 400
-    assert b"Output can't set both 'shared_memory_region' and 'binary_data'" in text
+    assert json.loads(text) == {
+        "error": "Output can't set both 'shared_memory_region' and 'binary_data'"
+    }
+    assert_simple_ok(server)  # the refusal left the server serving
+
+
+def _slow_successes(server: ServerProcess) -> int:
+    status, _, body = server.request("GET", "/v2/models/slow/stats")
+    assert status == 200, body
+    (entry,) = json.loads(body)["model_stats"]
+    count: int = entry["inference_stats"]["success"]["count"]
+    return count
+
+
+def _slow_waiting(server: ServerProcess) -> float:
+    """Requests to ``slow`` waiting for its one instance (the pending gauge of /metrics)."""
+    for family in text_string_to_metric_families(server.metrics()):
+        for sample in family.samples:
+            if sample.name == "nv_inference_pending_request_count" and (
+                sample.labels.get("model") == "slow"
+            ):
+                return float(sample.value)
+    raise AssertionError("no pending gauge for 'slow'")
 
 
 def test_unregister_during_inference_completes_after_it(
     server: ServerProcess, regions: Regions
 ) -> None:
-    """The slow model holds the request for a while; unregistering all regions meanwhile
-    hides them at once, and the request still reads its input and answers correctly."""
-    rows, width = 16, 2048
+    """The slow model holds the requests for a while; unregistering all regions meanwhile
+    hides them at once (the unregister returns before the requests end), and the request that
+    named a region still reads its input and answers correctly.
+
+    Two long requests go to the one-instance ``slow`` model: one reading its input from a
+    region, one plain. Once one of them waits for the instance (the pending gauge is 1), both
+    are in the server, the shared memory one holding its region."""
+    rows, width = 128, 2048  # each request keeps the instance busy for a few hundred ms
     data = np.full((rows, width), 2.0, dtype=np.float32)
+    plain = np.full((rows, width), 3.0, dtype=np.float32)
     handle, key = regions.create("slow_in", data.nbytes)
     shm.set_shared_memory_region(handle, [data])
     client = httpclient.InferenceServerClient(server.url)
     try:
         client.register_system_shared_memory("slow_in", key, data.nbytes)
-        tensor = httpclient.InferInput("INPUT0", [rows, width], "FP32")
-        tensor.set_shared_memory("slow_in", data.nbytes)
-        pending = client.async_infer("slow", [tensor])
-        gone = threading.Event()
+        successes = _slow_successes(server)
 
-        def unregister() -> None:
-            other = httpclient.InferenceServerClient(server.url)
-            other.unregister_system_shared_memory()
-            gone.set()
-            other.close()
+        def infer(shared: bool) -> np.ndarray:
+            own = httpclient.InferenceServerClient(server.url, network_timeout=120)
+            try:
+                tensor = httpclient.InferInput("INPUT0", [rows, width], "FP32")
+                if shared:
+                    tensor.set_shared_memory("slow_in", data.nbytes)
+                else:
+                    tensor.set_data_from_numpy(plain)
+                out: np.ndarray = own.infer("slow", [tensor]).as_numpy("OUTPUT0")
+                return out
+            finally:
+                own.close()
 
-        threading.Thread(target=unregister).start()
-        result = pending.get_result(timeout=60)
-        assert gone.wait(10)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+        with ThreadPoolExecutor(2) as pool:
+            from_region = pool.submit(infer, True)
+            from_body = pool.submit(infer, False)
+            deadline = time.monotonic() + 30
+            while _slow_waiting(server) < 1:
+                assert not from_region.done(), from_region.result()
+                assert time.monotonic() < deadline, "the two requests never overlapped"
+                time.sleep(0.005)
+
+            gone = threading.Event()
+
+            def unregister() -> None:
+                other = httpclient.InferenceServerClient(server.url)
+                other.unregister_system_shared_memory()
+                gone.set()
+                other.close()
+
+            threading.Thread(target=unregister).start()
+            # the unregistration does not wait for the request that holds the region...
+            assert gone.wait(5)
+            assert client.get_system_shared_memory_status() == []
+            # ...which is still running or waiting: neither request has finished
+            assert _slow_successes(server) == successes
+            np.testing.assert_array_equal(from_region.result(timeout=60), data)
+            np.testing.assert_array_equal(from_body.result(timeout=60), plain)
+        assert _slow_successes(server) == successes + 2
         assert client.get_system_shared_memory_status() == []
     finally:
         client.close()

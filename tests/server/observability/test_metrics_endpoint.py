@@ -69,6 +69,23 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     process.stop()
 
 
+@pytest.fixture(autouse=True)
+def still_serving(server: ServerProcess) -> Iterator[None]:
+    """After every test, the refusals included: a good request to ``plain`` is answered with
+    its data and counted once. It runs after the test, and the tests assert only what moved
+    between their own before and after, so it changes nothing they check."""
+    yield
+    plain = _labels("plain")
+    before = _samples(server).get(("nv_inference_request_success_total", plain), 0.0)
+    values = [1.5, -2.0, 3.25, 4.0]
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": values}]}
+    status, _, text = server.request("POST", "/v2/models/plain/infer", json.dumps(body).encode())
+    assert status == 200, text
+    (output,) = json.loads(text)["outputs"]
+    assert (output["name"], output["shape"], output["data"]) == ("OUTPUT0", [1, 4], values)
+    assert _samples(server)[("nv_inference_request_success_total", plain)] == before + 1
+
+
 def _samples(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     found = {}
     for family in text_string_to_metric_families(server.metrics()):
@@ -203,5 +220,13 @@ def test_metrics_can_be_switched_off(repository: Path) -> None:
         assert process.port is not None, process.log
         assert process.metrics_port is None
         assert "Metrics Service" not in process.log
+        # the server without metrics serves as usual
+        data = [1.0, 2.0, 3.0, 4.0]
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": data}]}
+        status, _, text = process.request(
+            "POST", "/v2/models/plain/infer", json.dumps(body).encode()
+        )
+        assert status == 200, text
+        assert json.loads(text)["outputs"][0]["data"] == data
     finally:
         process.stop()

@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
 
+from tests.server.http.helpers import error_of
 from tests.server.repository.lifecycle_helpers import (
     EMPTY_NAME,
     NO_FOLDER,
@@ -159,7 +160,9 @@ def test_load_and_unload(client: httpclient.InferenceServerClient) -> None:
     (entry,) = index_of(client.get_model_repository_index(), "cycle")
     assert (entry["version"], entry["state"]) == ("1", "UNAVAILABLE")
     error = client_error(infer_identity, client, "cycle", rows(1))
-    assert str(error.status()) in ("400", "404", "503")
+    assert (str(error.status()), error.message()) == (
+        "404", "Request for unknown model: 'cycle' has no available versions"
+    )
 
     client.unload_model("cycle")  # unloading an unloaded model is fine
     client.unload_model("never_there", unload_dependents=True)
@@ -180,8 +183,9 @@ def test_index_ready_filter(server: ServerProcess, client: httpclient.InferenceS
     for body_text in (b"", b"{}", b'{"ready": false}'):
         status, _, body = server.request("POST", "/v2/repository/index", body_text)
         assert status == 200 and json.loads(body) == full
-    status, _, body = server.request("POST", "/v2/repository/index", b'{"ready": "yes"}')
-    assert status == 400, body
+    response = server.request("POST", "/v2/repository/index", b'{"ready": "yes"}')
+    assert response[0] == 400, response
+    assert error_of(response) == "Invalid value for 'ready': expected a boolean"
 
 
 # ---- overrides and reload ---------------------------------------------------------------------
@@ -292,15 +296,26 @@ def test_file_override_paths_that_escape_are_refused(
 
 
 def test_load_request_body_errors(server: ServerProcess) -> None:
-    for body in (
-        b'{"parameters":{"config":"{}","file:1/model.onnx":"!!not base64"}}',
-        b'{"parameters":{"config":{"max_batch_size":1}}}',
-        b'{"parameters":{"config":"{not json"}}',
-        b"[1, 2]",
+    """Each refused load names its cause and leaves the serving model alone."""
+    status, _, text = server.request("POST", "/v2/repository/models/keep/load")
+    assert status == 200, text
+    for body, cause in (
+        (
+            b'{"parameters":{"config":"{}","file:1/model.onnx":"!!not base64"}}',
+            "Unable to parse 'file:1/model.onnx': invalid base64",
+        ),
+        (
+            b'{"parameters":{"config":{"max_batch_size":1}}}',
+            "Unable to parse 'config': expected a JSON string",
+        ),
+        (b'{"parameters":{"config":"{not json"}}', "failed to parse JSON model config: "),
+        (b"[1, 2]", "the model load request must be a JSON object"),
     ):
-        status, _, text = server.request("POST", "/v2/repository/models/keep/load", body)
-        assert status == 400, (body, text)
-        assert json.loads(text)["error"]
+        response = server.request("POST", "/v2/repository/models/keep/load", body)
+        assert response[0] == 400, (body, response)
+        assert error_of(response).startswith(cause), body
+        assert server.request("GET", "/v2/models/keep/ready")[0] == 200, body
+        _identity_ok(server, "keep", 2, 5.0)
 
 
 # ---- names -----------------------------------------------------------------------------------
@@ -366,8 +381,11 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
         c = httpclient.InferenceServerClient(server.url)
         assert c.is_server_ready()
         error = client_error(c.load_model, "corrupt")
-        assert "corrupt" in error.message()
-        assert str(error.status()) in ("400", "500")
+        assert str(error.status()) == "400"
+        assert error.message().startswith(
+            "failed to load 'corrupt': unable to load model 'corrupt': "
+        ), error.message()
+        assert "INVALID_PROTOBUF" in error.message()
         assert c.is_server_live()
         np.testing.assert_array_equal(infer_identity(c, "good", rows(2)), rows(2))
         (entry,) = index_of(c.get_model_repository_index(), "corrupt")
@@ -385,7 +403,11 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
             c.load_model, "good", config=identity_config(4),
             files={"file:1/model.onnx": b"not onnx either"},
         )
-        assert "good" in error.message()
+        assert str(error.status()) == "400"
+        assert error.message().startswith(
+            "failed to load 'good': version 1: unable to load model 'good': "
+        ), error.message()
+        assert "INVALID_PROTOBUF" in error.message()
         assert c.is_model_ready("good") and c.is_server_ready()
         (entry,) = index_of(c.get_model_repository_index(), "good")
         assert entry["state"] == "READY"

@@ -183,6 +183,11 @@ def test_unload_under_concurrent_inference_loses_no_accepted_request(
     assert not client.is_model_ready("slow")
     after = http_outcome(slow_server, 1, "after", time.monotonic())
     assert after.refused, after.problem
+    # loaded again, the model serves: the unload under load left nothing broken behind
+    client.load_model("slow")
+    assert client.is_model_ready("slow")
+    again = http_outcome(slow_server, 2, "again", time.monotonic())
+    assert again.ok, again
     client.close()
 
 

@@ -47,6 +47,7 @@ def test_requests_of_different_lengths_share_batches(server: ServerProcess) -> N
         answers = [p.get_result(timeout=60) for p in pending]
     finally:
         client.close()
+    last_ends = []
     for x, answer in zip(requests, answers, strict=True):
         output = answer.as_numpy("OUTPUT")
         assert output.shape == x.shape
@@ -54,6 +55,7 @@ def test_requests_of_different_lengths_share_batches(server: ServerProcess) -> N
         (last_end,) = answer.as_numpy("LAST_END").ravel()
         assert last_end >= x.size, "the accumulated count includes the request's own elements"
         assert last_end <= sum(r.size for r in requests)
+        last_ends.append(int(last_end))
 
     status, _, body = server.request("GET", "/v2/models/ragged/stats")
     assert status == 200, body
@@ -61,6 +63,11 @@ def test_requests_of_different_lengths_share_batches(server: ServerProcess) -> N
     sizes = {entry["batch_size"] for entry in stats["batch_stats"]}
     assert stats["inference_count"] == REQUESTS
     assert max(sizes) > 1, f"different lengths were never batched together: {sizes}"
+    # Each batch's ENDS accumulates over its requests: only the first request of a batch sees
+    # its own count; every later one (a batch above held several) sees more than its own.
+    own = [last_end == x.size for x, last_end in zip(requests, last_ends, strict=True)]
+    assert not all(own), f"every request saw only its own elements: {last_ends}"
+    assert sum(own) == stats["execution_count"], (last_ends, stats["execution_count"])
 
 
 def test_a_multi_row_request_gets_its_own_shape_back(server: ServerProcess) -> None:
@@ -86,7 +93,16 @@ def test_batch_inputs_are_not_request_inputs(server: ServerProcess) -> None:
     }
     status, _, body = server.request("POST", "/v2/models/ragged/infer", json.dumps(request))
     assert status == 400, body
-    assert b"ENDS" in body
+    assert json.loads(body) == {"error": "unexpected inference input 'ENDS' for model 'ragged'"}
+    # the refusal left the model serving: a good ragged request still gets its answer
+    x = np.array([[1.0, 2.0]], dtype=np.float32)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        answer = client.infer("ragged", **_request(x, ("OUTPUT", "LAST_END")))
+    finally:
+        client.close()
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT"), 2 * x)
+    assert answer.as_numpy("LAST_END").ravel().tolist() == [2]
 
 
 def test_a_lone_request_sees_its_own_element_count(server: ServerProcess) -> None:
