@@ -33,6 +33,7 @@ from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
 from server.cuda.devices import device_count, require_cupy
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.host_paths import redact_paths
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
 from server.protocol import datatypes
@@ -150,7 +151,11 @@ class OnnxRuntimeBackend(Backend):
                     str(model_path), sess_options=options, providers=providers or [(CPU_PROVIDER, {})]
                 )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
-            raise ModelLoadError(f"unable to load model '{model}': {exc}") from exc
+            # ORT's messages name the file and, for external data, where it points: a client
+            # sees the version folder as <model>/<version> and no other host path.
+            version = model_path.parent
+            text = redact_paths(str(exc), version, f"{model}/{version.name}")
+            raise ModelLoadError(f"unable to load model '{model}': {text}") from exc
 
     def _session_options(self, config: mc.ModelConfig) -> ort.SessionOptions:
         params = {key: value.string_value for key, value in config.parameters.items()}

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import CodeType, ModuleType
 
 from server.errors import ModelLoadError
+from server.host_paths import redact_paths
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,10 @@ class ModelSource:
 
     def describe(self, exc: BaseException) -> str:
         """``Type: text`` of an exception from user code, with the version folder's host path
-        (a user's own ``open()`` error would show it) replaced by the model name."""
-        text = f"{type(exc).__name__}: {exc}"
-        folder = str(self.path.parent)
-        return text.replace(folder, f"{self.model}/{self.path.parent.name}")
+        (a user's own ``open()`` error would show it) shown as ``<model>/<version>`` and any
+        other host path as ``<path>``."""
+        folder = self.path.parent
+        return redact_paths(f"{type(exc).__name__}: {exc}", folder, f"{self.model}/{folder.name}")
 
     def load_error(self, what: str, exc: BaseException) -> ModelLoadError:
         log.error("model '%s': %s %s", self.model, self.label, what, exc_info=exc)
