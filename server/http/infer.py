@@ -128,7 +128,8 @@ class InferHandler(BaseHandler):
         # unknown model or version is reported as such, whatever else is wrong with the body.
         spec = self.dataplane.model_spec(model, version)
         request = await off_loop_if_large(
-            len(body), _decode, body, header_length, model, version, spec
+            len(body), _decode, body, header_length, model, version, spec,
+            self.settings_.http_max_input_size,
         )
         self._request_id = request.id
         response = await self.dataplane.infer(request)
@@ -186,12 +187,17 @@ class InferHandler(BaseHandler):
 
 
 def _decode(
-    body: memoryview, header_length: int | None, model: str, version: str, spec: ModelSpec
+    body: memoryview,
+    header_length: int | None,
+    model: str,
+    version: str,
+    spec: ModelSpec,
+    max_data_bytes: int,
 ) -> InferRequest:
     """The request in ``body``: raw binary (a header length of 0), or a JSON header and the
-    binary tensors after it."""
+    binary tensors after it (whose JSON data may decode to at most ``max_data_bytes``)."""
     if header_length == 0:
         return rest_codec.decode_raw_request(body, spec, version)
     split = len(body) if header_length is None else header_length
     header = rest_codec.parse_json(body[:split], "inference request")
-    return rest_codec.decode_request(header, body[split:], model, version, spec)
+    return rest_codec.decode_request(header, body[split:], model, version, spec, max_data_bytes)

@@ -97,10 +97,11 @@ def decode_request(
         if not any(key in tensor.parameters for key in SHM_KEYS)
     ]
     if raw:
-        if any(tensor.HasField("contents") for tensor in msg.inputs):
+        typed = next((tensor for tensor in msg.inputs if tensor.HasField("contents")), None)
+        if typed is not None:
             raise InvalidArgument(
                 "contents field must not be specified when using raw_input_contents for "
-                f"model '{model}'"
+                f"'{typed.name}' for model '{model}'"
             )
         if len(raw) != len(in_band):
             raise InvalidArgument(

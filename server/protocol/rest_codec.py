@@ -102,10 +102,14 @@ def decode_request(
     model_name: str,
     model_version: str,
     spec: ModelSpec | None = None,
+    max_data_bytes: int | None = None,
 ) -> InferRequest:
     """Build an ``InferRequest`` from the JSON header and the binary part of the body.
 
     With the model's ``spec``, each input is checked against it before its data is decoded.
+    ``max_data_bytes`` (``--http-max-input-size``) bounds what the JSON ``data`` of all inputs
+    together decodes to, as it bounds a body: ``0,`` is two characters of JSON and eight bytes
+    of FP64.
     """
     if not isinstance(header, dict):
         raise InvalidArgument("the inference request must be a JSON object")
@@ -116,8 +120,9 @@ def decode_request(
     request_id = _field(header, "id", str, "the request") if "id" in header else None
     inputs: list[InputTensor] = []
     offset = 0
+    budget = _DataBudget(max_data_bytes)
     for raw in raw_inputs:
-        tensor, offset = _decode_input(raw, binary, offset, model_name, spec)
+        tensor, offset = _decode_input(raw, binary, offset, model_name, spec, budget)
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidArgument(
@@ -129,8 +134,34 @@ def decode_request(
     return InferRequest(model_name, model_version, inputs, outputs, request_id, params)
 
 
+@dataclass
+class _DataBudget:
+    """What the JSON ``data`` of a request's inputs may still decode to (None: no bound)."""
+
+    limit: int | None
+    used: int = 0
+
+    def take(self, datatype: DataType, shape: tuple[int, ...], name: str) -> None:
+        """Charge an input's decoded size (8 bytes per BYTES element: a pointer, the bytes
+        themselves are in the body) before it is decoded."""
+        if self.limit is None:
+            return
+        self.used += element_count(shape) * (datatype.itemsize or 8)
+        if self.used > self.limit:
+            raise InvalidArgument(
+                f"request JSON data of {self.used} bytes (decoded, up to input '{name}') exceeds "
+                f"the maximum allowed input size of {self.limit} bytes. Use "
+                "--http-max-input-size to increase the limit."
+            )
+
+
 def _decode_input(
-    raw: Any, binary: memoryview, offset: int, model: str, spec: ModelSpec | None
+    raw: Any,
+    binary: memoryview,
+    offset: int,
+    model: str,
+    spec: ModelSpec | None,
+    budget: _DataBudget,
 ) -> tuple[InputTensor, int]:
     if not isinstance(raw, dict):
         raise InvalidArgument("each element of 'inputs' must be a JSON object")
@@ -144,11 +175,22 @@ def _decode_input(
         check_input(spec, name, datatype, shape)
     params = _parameters(raw, f"input '{name}'")
     region = shared_memory_ref(params, f"input '{name}'")
+    sources = [
+        source
+        for source, present in (
+            ("'data'", "data" in raw),
+            ("'binary_data_size'", "binary_data_size" in params),
+            (f"'{REGION}'", region is not None),
+        )
+        if present
+    ]
+    if len(sources) > 1:  # Triton's text (which names no input), and the input
+        raise InvalidArgument(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            f"'parameters', '{REGION}' in 'parameters'. But set {' '.join(sources)} (input "
+            f"'{name}')"
+        )
     if region is not None:
-        if "binary_data_size" in params or "data" in raw:
-            raise InvalidArgument(
-                f"input '{name}' sets '{REGION}' and also carries data; it must be one or the other"
-            )
         return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region), offset
     if "binary_data_size" in params:
         size = params["binary_data_size"]
@@ -171,6 +213,7 @@ def _decode_input(
         return InputTensor(name, datatype, shape, data, params), offset + size
     if "data" not in raw:
         raise InvalidArgument(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+    budget.take(datatype, shape, name)
     data = json_codec.decode_data(raw["data"], datatype, shape, name)
     return InputTensor(name, datatype, shape, data, params), offset
 

@@ -4,6 +4,7 @@ left behind, and memory stays flat over many rejected requests."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.server.http.helpers import assert_simple_ok
+from tests.server.http.helpers import assert_simple_ok, post_json
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 ABSURD_SHAPE = (
@@ -93,6 +94,31 @@ def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None
     burst(600)
     grown = process.memory_info().rss - before
     assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 600 rejected requests"
+    _still_serving(server)
+
+
+def test_json_data_that_decodes_past_the_body_limit_is_refused(server: ServerProcess) -> None:
+    """A body under --http-max-input-size (64 KiB here) whose JSON data stands for more bytes
+    than that (``0,`` is two characters and four bytes of FP32) is refused like an oversize
+    body, before an array is made; the same data within the limit is served."""
+    def body(count: int) -> bytes:
+        text = ",".join("0" * count)
+        return (
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,%d],"data":[%s]}]}'
+            % (count, text.encode())
+        )
+
+    large = body(30_000)
+    assert len(large) < 65536
+    status, _, text = post_json(server, "identity_fp32", large)
+    assert status == 400, text
+    assert json.loads(text)["error"] == (
+        "request JSON data of 120000 bytes (decoded, up to input 'INPUT0') exceeds the maximum "
+        "allowed input size of 65536 bytes. Use --http-max-input-size to increase the limit."
+    )
+    status, _, text = post_json(server, "identity_fp32", body(16_000))
+    assert status == 200, text
+    assert json.loads(text)["outputs"][0]["shape"] == [1, 16_000]
     _still_serving(server)
 
 

@@ -189,10 +189,15 @@ def test_raw_count_different_from_inputs_refused(raw_count: int) -> None:
 def test_mixing_raw_and_typed_contents_refused() -> None:
     blob = np.ones(2, np.float32).tobytes()
     typed = _input("B", "FP32", [1, 2], {"fp32_contents": [1.0, 2.0]})
-    with pytest.raises(InvalidArgument, match="contents field must not be specified"):
+    with pytest.raises(InvalidArgument) as caught:
         decode_request(_request(_input("A", "FP32", [1, 2]), typed, raw=[blob, blob]))
+    # Triton's text, naming the tensor (NVIDIA's grpc_explicit_int_content_client.py matches it)
+    assert caught.value.message == (
+        "contents field must not be specified when using raw_input_contents for 'B' for model "
+        "'m'"
+    )
     # also when the typed input is the only one
-    with pytest.raises(InvalidArgument, match="contents field must not be specified"):
+    with pytest.raises(InvalidArgument, match="raw_input_contents for 'B' for model"):
         decode_request(_request(typed, raw=[blob]))
 
 

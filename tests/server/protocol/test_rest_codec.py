@@ -336,6 +336,60 @@ def test_binary_data_size_must_be_a_non_negative_integer(value: Any) -> None:
     )
 
 
+ONE_SOURCE = (
+    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+    "'parameters', 'shared_memory_region' in 'parameters'. But set "
+)
+
+
+def test_input_with_both_data_and_binary_data_size_refused() -> None:
+    """Triton refuses it (and so must we: the binary part used to win silently)."""
+    both = {**_binary_input("INPUT0", "INT32", [1, 4], 16), "data": [1, 2, 3, 4]}
+    blob = np.arange(4, dtype=np.int32).tobytes()
+    assert _invalid({"inputs": [both]}, blob) == (
+        f"{ONE_SOURCE}'data' 'binary_data_size' (input 'INPUT0')"
+    )
+
+
+SHM = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+
+
+@pytest.mark.parametrize(
+    "data, params, named",
+    [
+        ([1, 2, 3, 4], SHM, "'data' 'shared_memory_region'"),
+        (None, {**SHM, "binary_data_size": 16}, "'binary_data_size' 'shared_memory_region'"),
+    ],
+)
+def test_input_in_shared_memory_with_data_too_refused(
+    data: list[int] | None, params: dict[str, Any], named: str
+) -> None:
+    raw: dict[str, Any] = {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "parameters": params}
+    if data is not None:
+        raw["data"] = data
+    assert _invalid({"inputs": [raw]}, b"\0" * 16) == f"{ONE_SOURCE}{named} (input 'INPUT0')"
+
+
+def test_json_data_is_bounded_by_what_it_decodes_to() -> None:
+    """``0,`` is two characters and eight bytes of FP64: the decoded size is charged to the
+    body limit, before any array is made, over all inputs together."""
+    header = {"inputs": [
+        _json_input("A", "FP64", [1, 8], [0] * 8),
+        _json_input("B", "FP64", [1, 8], [0] * 8),
+    ]}
+    assert len(decode_request(header, EMPTY, "m", "1", max_data_bytes=128).inputs) == 2
+    with pytest.raises(InvalidArgument) as caught:
+        decode_request(header, EMPTY, "m", "1", max_data_bytes=127)
+    assert caught.value.message == (
+        "request JSON data of 128 bytes (decoded, up to input 'B') exceeds the maximum allowed "
+        "input size of 127 bytes. Use --http-max-input-size to increase the limit."
+    )
+    # BYTES elements are charged a pointer each; the shape, not the data, is what counts
+    strings = {"inputs": [_json_input("S", "BYTES", [10**9], ["a"])]}
+    with pytest.raises(InvalidArgument, match="request JSON data of 8000000000 bytes"):
+        decode_request(strings, EMPTY, "m", "1", max_data_bytes=1 << 26)
+
+
 def test_input_without_data_or_binary_size() -> None:
     raw = _json_input()
     del raw["data"]
