@@ -36,6 +36,7 @@ from server.protocol.validation import validate
 from server.repository.config import parse_json_config
 from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
+from server.repository.versions import request_version
 from server.request_gate import RequestGate
 from server.scheduling.job import Job
 from server.settings import Settings
@@ -267,6 +268,7 @@ class DataPlane:
     def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
         """Cumulative statistics: every loaded version of every model ("" name), of one model,
         or of one version."""
+        wanted = request_version(version)
         if not name:
             models = sorted(self._repository.models.items())
         else:
@@ -274,11 +276,11 @@ class DataPlane:
         entries = []
         for model_name, model in models:
             for number, served in sorted(model.versions.items()):
-                if version and str(number) != version:
+                if wanted is not None and number != wanted:
                     continue
-                if served.state is State.READY or version:
+                if served.state is State.READY or wanted is not None:
                     entries.append((model_name, str(number), served.stats))
-        if version and not entries:
+        if wanted is not None and not entries:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return statistics_response(entries)
 

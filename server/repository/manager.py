@@ -21,7 +21,7 @@ from server.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.repository.loader import Model, ModelVersion, State, load_model
 from server.repository.overrides import OverrideFolder, check_model_name
-from server.repository.versions import parse_version
+from server.repository.versions import request_version
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,23 +114,25 @@ class ModelRepository:
 
     def version(self, name: str, version: str) -> ModelVersion:
         """The READY version serving ``name``/``version`` ("" = the newest ready version)."""
+        number = request_version(version)
         model = self.model(name)
-        if not version:
+        if number is None:
             ready = model.ready_versions()
             if not ready:
                 if any(v.state is State.UNLOADING for v in model.versions.values()):
                     raise Unavailable(f"model '{name}' is being unloaded")
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
             return model.versions[ready[-1]]
-        number = parse_version(version)
-        found = model.versions.get(number) if number is not None else None
+        found = model.versions.get(number)
         if found is not None and found.state is State.UNLOADING:
-            raise Unavailable(f"model '{name}' version {version} is being unloaded")
+            raise Unavailable(f"model '{name}' version {number} is being unloaded")
         if found is None or found.state is not State.READY:
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
         return found
 
     def is_ready(self, name: str, version: str) -> bool:
+        """Whether that version is READY; a version string that is no number is refused."""
+        request_version(version)
         try:
             self.version(name, version)  # only READY versions are returned
             return True

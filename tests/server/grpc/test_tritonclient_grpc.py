@@ -221,8 +221,26 @@ def test_model_ready(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_model_ready("identity_fp32") is True
     assert client.is_model_ready("dt_bf16") is True
     assert client.is_model_ready("simple", "2") is False
-    assert client.is_model_ready("simple", "abc") is False
+    assert client.is_model_ready("simple", "01") is True  # read as Triton does: version 1
     assert client.is_model_ready("no_such_model") is False
+    # Not a version at all: Triton's INVALID_ARGUMENT and texts, for every RPC naming one.
+    unreadable = "failed to get model version from specified version string"
+    for version, text in (
+        ("abc", f"{unreadable} 'abc' (details: stol), version should be an integral value > 0"),
+        ("9223372036854775808", f"{unreadable} '9223372036854775808'"),
+        ("1abc", f"{unreadable} '1abc'"),
+        ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+    ):
+        for call in (
+            client.is_model_ready,
+            client.get_model_metadata,
+            client.get_model_config,
+            client.get_inference_statistics,
+        ):
+            with pytest.raises(InferenceServerException, match="INVALID_ARGUMENT") as error:
+                call("simple", version)
+            assert text in str(error.value)
+    assert client.is_model_ready("simple", "1") is True
 
 
 def test_server_metadata(client: grpcclient.InferenceServerClient, server: ServerProcess) -> None:
@@ -512,7 +530,11 @@ def test_infer_mixing_raw_and_typed_contents_refused(
     request.inputs[1].contents.int_contents.extend([1] * 16)
     error = _rpc_error(lambda: stub.ModelInfer(request, timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "contents field must not be specified" in error.details()
+    # Triton's text, which NVIDIA's grpc_explicit_int_content_client.py matches
+    assert error.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT1' for "
+        "model 'simple'"
+    )
 
 
 def test_infer_raw_contents_count_mismatch_refused(

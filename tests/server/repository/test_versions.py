@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
+from server.errors import InvalidArgument
 from server.generated import model_config_pb2 as mc
-from server.repository.versions import available_versions, select_versions
+from server.repository.versions import (
+    MAX_VERSION,
+    available_versions,
+    folder_version,
+    request_version,
+    select_versions,
+)
 
 
 def _policy(text: str) -> mc.ModelVersionPolicy:
@@ -53,6 +60,49 @@ def test_empty_model_folder(tmp_path: Path) -> None:
 def test_large_version_numbers(tmp_path: Path) -> None:
     _make(tmp_path, "20240101", "99")
     assert available_versions(tmp_path) == [99, 20240101]
+
+
+def test_versions_past_int64_are_not_versions(tmp_path: Path) -> None:
+    _make(tmp_path, str(MAX_VERSION), str(MAX_VERSION + 1), "9" * 40, "3")
+    assert available_versions(tmp_path) == [3, MAX_VERSION]
+
+
+@pytest.mark.parametrize(
+    "name", ["007", "0", "-1", "1e3", "+1", "1_000", "\uff11", "\u0661", "", "9223372036854775808"]
+)
+def test_folder_version_takes_canonical_int64s_only(name: str) -> None:
+    assert folder_version(name) is None
+    assert folder_version("7") == 7
+
+
+# ---- request_version ------------------------------------------------------------------------
+
+UNREADABLE = "failed to get model version from specified version string"
+
+
+@pytest.mark.parametrize("text, number", [("", None), ("1", 1), ("007", 7), ("+3", 3), ("0", 0)])
+def test_request_versions_read_as_triton(text: str, number: int | None) -> None:
+    assert request_version(text) == number
+
+
+@pytest.mark.parametrize(
+    "text", ["abc", "1abc", "1.0", " 1", "\u0661", "9223372036854775808", "9" * 5000, "--1"]
+)
+def test_request_versions_that_are_no_int64_are_refused(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        request_version(text)
+    assert caught.value.message.startswith(f"{UNREADABLE} '")
+    assert caught.value.message.endswith(
+        "(details: stol), version should be an integral value > 0"
+    )
+
+
+def test_negative_request_versions_are_refused_with_tritons_text() -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        request_version("-4")
+    assert caught.value.message == (
+        "invalid model version specified '-4' , version should be an integral value > 0"
+    )
 
 
 # ---- select_versions ------------------------------------------------------------------------
