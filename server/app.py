@@ -158,9 +158,12 @@ def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPoo
     gpu = GpuMonitor.start() if settings.allow_gpu_metrics else None
     sampler = SystemSampler(settings.allow_cpu_metrics, gpu)
     histograms = settings.metrics_config.get("histogram_latencies", False)
+    counters = settings.metrics_config.get("counter_latencies", True)
 
     def page() -> str:
-        return render(dataplane.metric_entries(), pool.stats(), sampler.latest, histograms)
+        return render(
+            dataplane.metric_entries(), pool.stats(), sampler.latest, histograms, counters
+        )
 
     server = HTTPServer(make_metrics_app(page))
     sockets = bind_sockets(settings.metrics_port, settings.metrics_address)

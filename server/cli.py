@@ -79,7 +79,13 @@ def _metrics_config(text: str) -> tuple[str, bool]:
             f"invalid --metrics-config {text!r}: expected one of "
             f"{', '.join(_METRICS_CONFIG_KEYS)}=true|false"
         )
-    return key, parse_bool(value)
+    enabled = parse_bool(value)
+    if key == "summary_latencies" and enabled:  # asked for, so not to be left out silently
+        raise argparse.ArgumentTypeError(
+            "--metrics-config summary_latencies=true is not supported yet (latency summaries); "
+            "histogram_latencies=true gives the quantiles through histogram_quantile"
+        )
+    return key, enabled
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="How often GPU and CPU metrics are sampled (default: 2000)")
     flag("--metrics-config", type=_metrics_config, action="append", default=[],
          metavar="KEY=VALUE",
-         help="histogram_latencies=true adds latency histograms (default: false); repeatable")
+         help="histogram_latencies=true adds latency histograms (default: false); "
+              "counter_latencies=false leaves out the cumulative latency counters (default: "
+              "true); summary_latencies=true is refused (not supported yet); repeatable")
     flag("--model-control-mode", choices=("none", "poll", "explicit"), default="none",
          help="none: load every model at start, no load/unload API; poll: also rescan the "
               "repository every --repository-poll-secs; explicit: load only --load-model "

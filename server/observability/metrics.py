@@ -110,8 +110,10 @@ def render(
     pinned: PoolStats | None,
     system: SystemSample,
     histograms: bool = False,
+    latency_counters: bool = True,
 ) -> str:
-    """The whole ``/metrics`` page."""
+    """The whole ``/metrics`` page; ``latency_counters`` off leaves out the cumulative
+    ``*_duration_us`` counters (Triton's ``--metrics-config counter_latencies=false``)."""
     entries = list(models)
     page = _Page()
     per_model: list[tuple[str, str, str, _Value]] = [
@@ -144,7 +146,8 @@ def render(
          lambda s: s.load_ns / 1e9),
     ]
     for name, kind, text, value in per_model:
-        page.family(name, kind, text, [(_model_labels(e), value(e.stats)) for e in entries])
+        if latency_counters or not name.endswith("_duration_us"):
+            page.family(name, kind, text, [(_model_labels(e), value(e.stats)) for e in entries])
     page.family(
         "nv_inference_request_failure",
         "counter",

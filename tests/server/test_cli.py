@@ -86,6 +86,19 @@ def test_bad_values_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -
     assert "error" in capsys.readouterr().err
 
 
+def test_metrics_features_not_implemented_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """summary_latencies=true asks for what the server does not export: refused, named."""
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", "--metrics-config=summary_latencies=true"])
+    assert exc.value.code == 2
+    assert "--metrics-config summary_latencies=true is not supported yet" in capsys.readouterr().err
+    settings = parse_settings(
+        ["--model-repository=/m", "--metrics-config=summary_latencies=false",
+         "--metrics-config=counter_latencies=false"]
+    )
+    assert settings.metrics_config == {"summary_latencies": False, "counter_latencies": False}
+
+
 @pytest.mark.parametrize("size", ["0", "-1024"])
 def test_non_positive_max_input_size_refused_at_start(size: str) -> None:
     result = subprocess.run(

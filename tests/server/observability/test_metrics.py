@@ -115,6 +115,26 @@ def test_histograms_only_when_asked_and_cumulative() -> None:
     assert total == [42_000.0]
 
 
+def test_latency_counters_can_be_left_out() -> None:
+    """--metrics-config counter_latencies=false: no cumulative *_duration_us counters, the
+    others stay."""
+    entries = [ModelEntry("m", "1", _stats(), 5)]
+    names = {f.name for f in text_string_to_metric_families(render(entries, POOL, SYSTEM))}
+    kept = {
+        f.name for f in text_string_to_metric_families(
+            render(entries, POOL, SYSTEM, latency_counters=False)
+        )
+    }
+    latency = {
+        "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+        "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+    }
+    assert latency <= names
+    assert kept == names - latency
+    assert "nv_inference_request_success" in kept
+
+
 def test_empty_server_renders_system_gauges_only() -> None:
     text = render([], None, SystemSample(), False)
     assert text == ""
