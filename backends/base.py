@@ -90,6 +90,9 @@ class Backend(ABC):
     platform: str
     #: file looked for in a version folder when the config names none, e.g. "model.onnx"
     default_model_filename: str
+    #: whether models may set ``model_transaction_policy { decoupled: true }`` (zero or many
+    #: responses per request); a load asking for it on another backend is refused
+    supports_decoupled: bool = False
 
     def gpu_count(self) -> int:
         """GPUs this backend can place instances on (KIND_AUTO becomes KIND_GPU on each);

@@ -19,6 +19,7 @@ from server.errors import (
     InferenceServerError,
     InternalError,
     InvalidArgument,
+    ModelLoadError,
     NotFound,
     Rejected,
     Unavailable,
@@ -254,9 +255,18 @@ class DataPlane:
         self, name: str, config_json: str | None, files: dict[str, bytes]
     ) -> None:
         """Load or reload a model (explicit mode only), optionally with a JSON config and
-        file overrides written to a private folder."""
+        file overrides written to a private folder (which need the config, as in Triton)."""
         self._require_explicit_mode()
-        override = parse_json_config(config_json) if config_json is not None else None
+        if files and config_json is None:
+            raise InvalidArgument(
+                "Load parameter 'config' must be specified for model file override"
+            )
+        override = None
+        if config_json is not None:
+            try:  # a config may be as large as a request body: parsed off the loop
+                override = await asyncio.to_thread(parse_json_config, config_json)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"failed to load '{name}': {exc.message}") from None
         await self._repository.load(name, override, files)
 
     async def unload_model(self, name: str) -> None:

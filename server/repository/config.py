@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.protocol.proto_json import message_to_json
+from server.repository.paths import regular_file
 from server.scheduling.layout import validate_config as validate_batch_layout
 
 ModelConfig = mc.ModelConfig
@@ -30,13 +31,17 @@ _INT64_AS_STRING = {
 def read_config(model_dir: Path) -> ModelConfig:
     """Parse ``<model_dir>/config.pbtxt``; an empty config when the file is absent."""
     config = ModelConfig()
-    path = model_dir / CONFIG_FILE
-    if not path.is_file():
+    path = regular_file(model_dir / CONFIG_FILE, "the config", model_dir.name, CONFIG_FILE)
+    if path is None:
         return config
     try:
         text_format.Parse(path.read_text(encoding="utf-8"), config)
     except (text_format.ParseError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"failed to parse {CONFIG_FILE} of model '{model_dir.name}': {exc}")
+    except OSError as exc:
+        raise ModelLoadError(
+            f"failed to read {CONFIG_FILE} of model '{model_dir.name}': {exc.strerror}"
+        ) from None
     return config
 
 
@@ -94,9 +99,37 @@ def _normalize_instance_groups(config: ModelConfig, gpu_count: int, visible_gpus
             group.count = 2 if group.kind == kind.KIND_CPU else 1
 
 
+def _unimplemented(config: ModelConfig) -> list[str]:
+    """The config features this server does not implement yet, as the config spells them.
+    Each would change how the model is served, so a config asking for one is refused rather
+    than served as if it were not there."""
+    return [
+        field
+        for field, asked in (
+            ("sequence_batching", config.HasField("sequence_batching")),
+            ("ensemble_scheduling", config.HasField("ensemble_scheduling")),
+            ("model_warmup", bool(config.model_warmup)),
+            ("response_cache { enable: true }", config.response_cache.enable),
+            ("model_repository_agents", bool(config.model_repository_agents.agents)),
+            ("model_operations", bool(config.model_operations.op_library_filename)),
+            ("cc_model_filenames", bool(config.cc_model_filenames)),
+            ("model_metrics", config.HasField("model_metrics")),
+            ("instance_group { passive: true }", any(g.passive for g in config.instance_group)),
+        )
+        if asked
+    ]
+
+
 def validate(config: ModelConfig) -> None:
-    """Refuse configs Triton refuses, with Triton's messages where it has them."""
+    """Refuse configs Triton refuses, with Triton's messages where it has them, and configs
+    asking for what this server does not do yet."""
     name = config.name
+    missing = _unimplemented(config)
+    if missing:
+        raise ModelLoadError(
+            f"model '{name}': {', '.join(missing)} in its configuration is not supported by "
+            "this server yet; remove it to serve the model without it"
+        )
     if config.max_batch_size < 0:
         raise ModelLoadError("'max_batch_size' must be non-negative value")
     if config.HasField("dynamic_batching"):

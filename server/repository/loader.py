@@ -20,6 +20,8 @@ from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
 from server.repository.autocomplete import autocomplete, is_complete
+from server.repository.limits import check_limits
+from server.repository.paths import confined_file
 from server.repository.versions import available_versions, select_versions
 from server.request_gate import RequestGate
 from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
@@ -96,7 +98,7 @@ def _resolve_backend(
     else:
         for backend in backends.values():
             filename = config.default_model_filename or backend.default_model_filename
-            if any((model_dir / str(v) / filename).exists() for v in versions):
+            if any(model_file(model_dir, v, filename, config.name) for v in versions):
                 chosen = backend
                 break
     if chosen is None:
@@ -115,6 +117,29 @@ def _resolve_backend(
     if not config.default_model_filename:
         config.default_model_filename = chosen.default_model_filename
     return chosen
+
+
+def model_file(model_dir: Path, version: int, filename: str, model: str) -> Path | None:
+    """The model file of one version, resolved inside its version folder (None if absent)."""
+    return confined_file(
+        model_dir / str(version), filename, "model file", model, f"{version}/{filename}",
+        "the model's version folder",
+    )
+
+
+def _check_label_files(config: mc.ModelConfig, model_dir: Path) -> None:
+    """Label files, relative to the model folder as in Triton, must be there (Triton fails
+    the load without them) and inside it."""
+    for output in config.output:
+        name = output.label_filename
+        if name and confined_file(
+            model_dir, name, f"label file of output '{output.name}'", config.name, name,
+            "the model's folder",
+        ) is None:
+            raise ModelLoadError(
+                f"unable to load model '{config.name}': label file '{name[:200]}' of output "
+                f"'{output.name}' not found"
+            )
 
 
 def load_model(
@@ -163,27 +188,35 @@ def _prepare_config(
             "name must equal model name"
         )
     config.name = model_dir.name
+    check_limits(config)
     available = available_versions(model_dir)
     backend = _resolve_backend(config, model_dir, available, backends)
     policy = config.version_policy if config.HasField("version_policy") else None
     versions = select_versions(policy or mc.ModelVersionPolicy(), available)
     present = [v for v in versions if v in available]
     if not settings.disable_auto_complete_config and present and not is_complete(config):
-        path = model_dir / str(present[-1]) / config.default_model_filename
-        default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
-        autocomplete(config, backend.signature(path), default_max)
+        path = model_file(model_dir, present[-1], config.default_model_filename, config.name)
+        if path is not None:
+            default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
+            autocomplete(config, backend.signature(path), default_max)
     if gpu_count is None:
         model_config.normalize(config, backend.gpu_count(), device_count())
     else:
         model_config.normalize(config, gpu_count)
+    check_limits(config)  # again: autocomplete and the GPUs may have added to it
     model_config.validate(config)
+    if config.model_transaction_policy.decoupled and not backend.supports_decoupled:
+        raise ModelLoadError(
+            f"model '{config.name}': model_transaction_policy {{ decoupled: true }} is not "
+            f"supported by the {backend.name} backend yet"
+        )
+    _check_label_files(config, model_dir)
     return config, backend, versions
 
 
 def _load_version(
     model_dir: Path, version: int, config: mc.ModelConfig, backend: Backend
 ) -> ModelVersion:
-    path = model_dir / str(version) / config.default_model_filename
     result = ModelVersion(
         config.name,
         version,
@@ -191,8 +224,14 @@ def _load_version(
         config=config,
         gate=RequestGate(f"model '{config.name}' version {version} is being unloaded"),
     )
-    if not path.exists():
-        result.reason = f"model file {version}/{config.default_model_filename} not found"
+    try:
+        path = model_file(model_dir, version, config.default_model_filename, config.name)
+    except ModelLoadError as exc:
+        path, result.reason = None, exc.message
+    else:
+        if path is None:
+            result.reason = f"model file {version}/{config.default_model_filename} not found"
+    if path is None:
         log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
         return result
     instances: list[ModelInstance] = []

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
@@ -26,6 +28,7 @@ from tests.server.repository.lifecycle_helpers import (
     add_sub_config,
     assert_serves,
     client_error,
+    identity_bytes,
     identity_config,
     identity_repository,
     index_of,
@@ -308,7 +311,22 @@ def test_load_request_body_errors(server: ServerProcess) -> None:
             b'{"parameters":{"config":{"max_batch_size":1}}}',
             "Unable to parse 'config': expected a JSON string",
         ),
-        (b'{"parameters":{"config":"{not json"}}', "failed to parse JSON model config: "),
+        (
+            b'{"parameters":{"config":"{not json"}}',
+            "failed to load 'keep': failed to parse JSON model config: ",
+        ),
+        (  # what NVIDIA's simple_http_model_control.py sends, and matches "failed to load" in
+            b'{"parameters":{"config":"\\"parameters\\": {\\"config\\": {{}}}"}}',
+            "failed to load 'keep': failed to parse JSON model config: ",
+        ),
+        (
+            b'{"parameters":{"file:1/model.onnx":"AAAA"}}',
+            "Load parameter 'config' must be specified for model file override",
+        ),
+        (
+            b'{"parameters":{"config":"{}","file:1/' + b"a" * 300 + b'":"AAAA"}}',
+            "invalid file override path '1/aaaa",
+        ),
         (b"[1, 2]", "the model load request must be a JSON object"),
     ):
         response = server.request("POST", "/v2/repository/models/keep/load", body)
@@ -416,3 +434,83 @@ def test_corrupt_model_load_fails_and_the_server_keeps_serving(tmp_path: Path) -
     finally:
         server.stop()
     assert server.proc.returncode == 0, server.log
+
+
+# ---- hostile config overrides ------------------------------------------------------------------
+
+
+def _load_with(server: ServerProcess, name: str, config: dict[str, object]) -> tuple[int, str]:
+    body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+    response = server.request("POST", f"/v2/repository/models/{name}/load", body)
+    return response[0], error_of(response) if response[0] != 200 else ""
+
+
+@pytest.mark.parametrize(
+    "filename", ["../cfg/1/model.onnx", "../../lifecycle_secret.onnx", "{abs}"]
+)
+def test_override_naming_a_model_file_outside_its_folder_is_refused(
+    server: ServerProcess, repo: Path, client: httpclient.InferenceServerClient, filename: str
+) -> None:
+    """Item: a config override may not make the server read a file outside the model's
+    version folder, however the name is written."""
+    secret = repo.parent / "lifecycle_secret.onnx"
+    secret.write_bytes(identity_bytes())
+    client.load_model("keep")
+    config = {
+        **json.loads(identity_config(4)),
+        "default_model_filename": filename.format(abs=secret),
+    }
+    status, message = _load_with(server, "keep", config)
+    assert status == 400, message
+    assert message.startswith("failed to load 'keep': "), message
+    assert "model file" in message and "the model's version folder" in message, message
+    assert str(repo) not in message and str(repo.parent) not in message
+    assert_serves(client)  # the serving version stays
+
+
+def test_absurd_override_counts_are_refused_at_once_and_memory_stays(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    client.load_model("keep")
+    rss_before = psutil.Process(server.proc.pid).memory_info().rss
+    base = json.loads(identity_config(4))
+    for extra, field in (
+        ({"instance_group": [{"kind": "KIND_CPU", "count": 100_000}]}, "instance_group[0].count"),
+        ({"dynamic_batching": {"priority_levels": 10**9}}, "dynamic_batching.priority_levels"),
+        (
+            {"input": [
+                {"name": f"I{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in range(100_000)
+            ]},
+            "'input' has 100000 entries",
+        ),
+    ):
+        started = time.monotonic()
+        status, message = _load_with(server, "keep", {**base, **extra})
+        assert time.monotonic() - started < 10, field
+        assert status == 400 and field in message, message
+        assert_serves(client)
+    growth = psutil.Process(server.proc.pid).memory_info().rss - rss_before
+    assert growth < 200 << 20, growth
+
+
+def test_a_huge_override_does_not_stall_other_requests(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    """The config's JSON is parsed off the event loop: while a 100,000-input override is
+    parsed and refused, requests on other connections are answered."""
+    client.load_model("keep")
+    config = {
+        **json.loads(identity_config(4)),
+        "input": [{"name": f"I{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in range(100_000)],
+    }
+    outcome: list[tuple[int, str]] = []
+    loader = threading.Thread(target=lambda: outcome.append(_load_with(server, "keep", config)))
+    loader.start()
+    slowest = 0.0
+    while loader.is_alive():
+        started = time.monotonic()
+        _identity_ok(server, "keep", 1)
+        slowest = max(slowest, time.monotonic() - started)
+    loader.join()
+    assert outcome[0][0] == 400, outcome
+    assert slowest < 1.0, slowest

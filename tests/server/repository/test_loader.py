@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
@@ -344,4 +348,194 @@ def test_autofill_refuses_max_batch_for_unbatchable_model(
     assert model.reason == (
         "autofill failed for model 'm': model does not support batching while non-zero "
         "max_batch_size is specified"
+    )
+
+
+def test_corrupt_model_file_reason_shows_no_host_path(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    test_corrupt_model_file(tmp_path, load)
+    reason = load("m").versions[1].reason
+    assert "INVALID_PROTOBUF" in reason and "m/1/model.onnx" in reason, reason
+    assert str(tmp_path) not in reason
+
+
+# ---- files a config names stay in their folders (hostile configs) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "filename", ["../../other/1/model.onnx", "../2/model.onnx", "{abs}", "link.onnx"]
+)
+def test_model_files_outside_the_version_folder_are_refused(
+    tmp_path: Path, load: Callable[..., Model], filename: str
+) -> None:
+    _identity(tmp_path, "other")  # a model file outside m's version folder
+    _identity(tmp_path, "m", version=2)
+    (tmp_path / "m" / "1").mkdir()
+    (tmp_path / "m" / "1" / "link.onnx").symlink_to(tmp_path / "other" / "1" / "model.onnx")
+    filename = filename.format(abs=tmp_path / "other" / "1" / "model.onnx")
+    _write_config(
+        tmp_path, "m",
+        IDENTITY_CONFIG.format(
+            name="m", input="INPUT0",
+            extra=f'default_model_filename: "{filename}"\nversion_policy {{ specific {{ versions: 1 }} }}',
+        ),
+    )
+    model = load("m")
+    assert not model.ready
+    reason = model.versions[1].reason if model.versions else model.reason
+    assert reason.startswith("unable to load model 'm': model file "), reason
+    assert "the model's version folder" in reason
+    assert str(tmp_path) not in reason
+
+
+def test_a_model_file_that_is_a_fifo_is_refused_without_blocking(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    os.mkfifo(tmp_path / "m" / "1" / "model.onnx")  # opening it would wait for a writer
+    model = load("m")  # no config: auto-complete would read it first
+    assert model.reason == "unable to load model 'm': model file '1/model.onnx' is not a regular file"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=""))
+    model = load("m")
+    assert model.versions[1].reason == (
+        "unable to load model 'm': model file '1/model.onnx' is not a regular file"
+    )
+
+
+def test_a_config_pbtxt_that_is_a_fifo_is_refused(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    os.mkfifo(tmp_path / "m" / "config.pbtxt")
+    assert load("m").reason == (
+        "unable to load model 'm': the config 'config.pbtxt' is not a regular file"
+    )
+
+
+def test_label_files_must_be_inside_the_model_folder(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    (tmp_path / "labels.txt").write_text("secret\n")
+    base = IDENTITY_CONFIG.replace(
+        'output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}',
+        'output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "{label}" }}',
+    )
+    assert "label_filename" in base
+    for label, reason in (
+        ("../labels.txt", "label file of output 'OUTPUT0' '../labels.txt' resolves outside"),
+        (str(tmp_path / "labels.txt"), "must be a relative path inside the model's folder, not"),
+        ("missing.txt", "label file 'missing.txt' of output 'OUTPUT0' not found"),
+    ):
+        _write_config(tmp_path, "m", base.format(name="m", input="INPUT0", extra="", label=label))
+        model = load("m")
+        assert not model.ready and reason in model.reason, model.reason
+    (tmp_path / "m" / "labels.txt").write_text("cat\ndog\n")
+    _write_config(tmp_path, "m", base.format(name="m", input="INPUT0", extra="", label="labels.txt"))
+    assert load("m").ready
+
+
+def test_external_data_outside_the_version_folder_is_refused(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    """ONNX Runtime (>= 1.24) checks where external data points; the reason keeps host paths
+    out."""
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    locations = ("../../secret.bin", str(tmp_path / "secret.bin"), "link.bin", "data.bin")
+    for index, location in enumerate(locations):
+        name = f"ext{index}"
+        folder = tmp_path / name / "1"
+        folder.mkdir(parents=True)
+        (folder / "link.bin").symlink_to(tmp_path / "secret.bin")
+        (folder / "data.bin").write_bytes(np.ones(4, np.float32).tobytes())
+        make_models.save(_add_external_weights(location), folder / "model.onnx")
+        model = load(name)
+        if location == "data.bin":
+            assert model.ready, model.reason
+            continue
+        assert not model.ready
+        reason = model.versions[1].reason if model.versions else model.reason
+        assert "External data path" in reason, reason
+        assert str(tmp_path) not in reason
+
+
+def _add_external_weights(location: str) -> onnx.ModelProto:
+    """FP32 [4] INPUT0 + W -> OUTPUT0, W's 16 bytes in the external file ``location``."""
+    weights = numpy_helper.from_array(np.ones(4, np.float32), "W")
+    weights.ClearField("raw_data")
+    weights.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("length", "16")):
+        entry = weights.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "W"], ["OUTPUT0"])],
+        "external",
+        [helper.make_tensor_value_info("INPUT0", onnx.TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("OUTPUT0", onnx.TensorProto.FLOAT, [4])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
+    model.ir_version = make_models.IR_VERSION
+    return model
+
+
+# ---- configs past the bounds, and features not implemented yet -----------------------------
+
+
+def test_configs_past_the_bounds_are_refused_before_loading(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    for extra, field in (
+        ("instance_group { count: 100000 }", "'instance_group[1].count' is 100000"),
+        ("dynamic_batching { priority_levels: 1000000000 }", "'dynamic_batching.priority_levels'"),
+    ):
+        _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+        started = time.monotonic()
+        model = load("m")
+        assert time.monotonic() - started < 5
+        assert not model.ready and field in model.reason, model.reason
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ("sequence_batching { }", "sequence_batching"),
+        ('model_warmup { name: "w" batch_size: 1 }', "model_warmup"),
+        ("response_cache { enable: true }", "response_cache { enable: true }"),
+        ('ensemble_scheduling { step { model_name: "x" } }', "ensemble_scheduling"),
+        ('model_repository_agents { agents { name: "checksum" } }', "model_repository_agents"),
+        ('model_operations { op_library_filename: "libop.so" }', "model_operations"),
+        ('cc_model_filenames { key: "8.0" value: "a100.onnx" }', "cc_model_filenames"),
+        ("instance_group { count: 1 passive: true }", "instance_group { passive: true }"),
+    ],
+)
+def test_features_not_implemented_yet_are_refused(
+    tmp_path: Path, load: Callable[..., Model], extra: str, field: str
+) -> None:
+    _identity(tmp_path, "m")
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    model = load("m")
+    assert not model.ready
+    assert model.reason == (
+        f"model 'm': {field} in its configuration is not supported by this server yet; remove "
+        "it to serve the model without it"
+    )
+
+
+def test_harmless_forms_of_those_features_load(tmp_path: Path, load: Callable[..., Model]) -> None:
+    _identity(tmp_path, "m")
+    extra = "response_cache { enable: false }\nmodel_transaction_policy { decoupled: false }"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    assert load("m").ready
+
+
+def test_decoupled_models_are_refused_by_backends_that_cannot_serve_them(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    extra = "model_transaction_policy { decoupled: true }"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    assert load("m").reason == (
+        "model 'm': model_transaction_policy { decoupled: true } is not supported by the "
+        "onnxruntime backend yet"
     )

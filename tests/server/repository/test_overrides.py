@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
 
-from server.errors import InvalidArgument
+from server.errors import InternalError, InvalidArgument
 from server.repository.overrides import OverrideFolder, check_model_name
 
 TRAVERSAL = "model name must not contain path traversal characters"
@@ -118,7 +119,47 @@ def test_folder_refuses_bad_model_names(private_tmp: Path, name: str) -> None:
 
 def test_a_failed_write_removes_the_folder(private_tmp: Path) -> None:
     """``1/model.onnx`` is written as a file, so ``1/model.onnx/inner`` cannot be: the
-    half-written folder is removed and the error raised."""
-    with pytest.raises(OSError):
+    half-written folder is removed and the client told which override it was (a 400 that
+    does not show the private folder)."""
+    with pytest.raises(InvalidArgument) as caught:
         OverrideFolder("m", {"file:1/model.onnx": b"x", "file:1/model.onnx/inner": b"y"})
+    assert caught.value.message.startswith("invalid file override 'file:1/model.onnx/inner': ")
+    assert str(private_tmp) not in caught.value.message
+    assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "key", ["file:1/" + "a" * 256, "file:" + "/".join(["d" * 200] * 21), "file:" + "é" * 128]
+)
+def test_names_too_long_for_the_file_system_are_refused(private_tmp: Path, key: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        OverrideFolder("m", {key: b"x"})
+    assert "each name in it may have at most 255 bytes, and the whole path at most 4096" in (
+        caught.value.message
+    )
+    assert list(private_tmp.iterdir()) == []
+    OverrideFolder("m", {"file:1/" + "a" * 255: b"x"}).remove()  # 255 bytes is a name
+
+
+def test_long_model_names_and_too_many_files_are_refused(private_tmp: Path) -> None:
+    with pytest.raises(InvalidArgument, match="longer than the 255 bytes a folder name may have"):
+        check_model_name("m" * 256)
+    check_model_name("m" * 255)
+    with pytest.raises(InvalidArgument, match="at most 1024 file overrides, not 1025"):
+        OverrideFolder("m", {f"file:1/{i}": b"" for i in range(1025)})
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_other_write_failures_are_server_errors_without_the_folder(
+    private_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: Path, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(InternalError) as caught:
+        OverrideFolder("m", {"file:1/model.onnx": b"x"})
+    assert caught.value.message == (
+        "unable to write file override 'file:1/model.onnx': No space left on device"
+    )
     assert list(private_tmp.iterdir()) == []
