@@ -2,31 +2,38 @@
 
 A client on the same node creates a POSIX shared memory object (system) or a CUDA IPC handle
 (CUDA), registers it under a name, and then names the region, an offset and a byte size in
-tensor parameters instead of sending the bytes. The registry maps each system region once
-(``mmap`` of ``/dev/shm/<key>``), hands out zero-copy views of it for inputs, and writes
-outputs into it.
+tensor parameters instead of sending the bytes.
+
+A system region keeps the descriptor of ``/dev/shm/<key>`` opened at registration, and is
+never mapped: its owner may truncate the object at any time, and a mapping (Triton's way)
+faults on the first access past the new end, a SIGBUS that kills the whole server. Instead
+each use ``fstat``s the descriptor and refuses a region its object no longer holds; inputs are
+copied out with ``preadv`` into host memory (a buffer of the server's pool: pinned with a GPU)
+and outputs copied in with ``pwritev``. Where a mapping would fault the kernel answers a short
+count or an error, so an object truncated even between the check and the copy is a refusal
+(or, for a write, grows back). That costs one copy of each input, which a mapping saves;
+outputs cost one copy either way. The region is the object as opened: one unlinked or
+replaced under the same key is still the one read and written until the client registers
+again.
 
 Safety: every offset and size is checked at registration and at each use (Python integers do
 not overflow, but negative or oversized values are refused before any slicing); a key is a
 plain name under ``/dev/shm`` (no path separators), so it cannot reach other files; errors
 never echo keys. A region used by a request in flight is leased: unregistering it hides it
-at once, but unmaps it only when the last request using it has finished. Registration is off
+at once, but closes it only when the last request using it has finished. Registration is off
 unless ``--allow-client-shm=true`` (Triton's current default), with Triton's error text.
 Keys are opened without following symbolic links and must name regular files; the number of
-regions is bounded (each keeps a descriptor). As with Triton, a client that truncates an
-object after registering it makes the next access to it fault (SIGBUS): shared memory trusts
-the clients of the node, which is why it is off by default.
+regions is bounded (each keeps a descriptor).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,17 +49,20 @@ from server.errors import (
     Unavailable,
     Unsupported,
 )
+from server.memory.host_pool import HostBufferPool, page_aligned
 
 log = logging.getLogger(__name__)
 
 SHM_ROOT = "/dev/shm"
-#: Each system region holds a file descriptor (mmap keeps one): the registry stops here, well
-#: below the usual 1024-descriptor limit the server's sockets and model files also need.
+#: Each system region holds a file descriptor: the registry stops here, well below the usual
+#: 1024-descriptor limit the server's sockets and model files also need.
 MAX_REGIONS = 256
 #: Keys Triton's python backend uses for its own regions; refused as Triton does.
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 #: sizeof(cudaIpcMemHandle_t)
 CUDA_IPC_HANDLE_BYTES = 64
+#: ``os.preadv`` / ``os.pwritev``: (descriptor, buffers, position) -> bytes moved.
+_Transfer = Callable[[int, list[memoryview], int], int]
 DISABLED = (
     "Client shared memory is disabled; start the server with --allow-client-shm=true to use it"
 )
@@ -68,18 +78,28 @@ class _Region:
     key: str = ""
     offset: int = 0
     device_id: int = 0
-    memory: Any = None  # mmap.mmap (system) or a CuPy uint8 array (CUDA)
+    fd: int = -1  # system: the object's descriptor (never mapped: see the module docstring)
+    memory: Any = None  # CUDA: a CuPy uint8 array over the IPC mapping
     users: int = 0
     retired: bool = False  # unregistered: close when the last user is done
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def host_view(self, offset: int, byte_size: int) -> memoryview:
-        """``byte_size`` bytes at ``offset`` of the region, as a host memoryview."""
-        if self.memory is None or byte_size == 0:  # a region of 0 bytes maps nothing
-            return memoryview(b"")
+    def host_copy(
+        self, offset: int, byte_size: int, tensor: str, pool: HostBufferPool | None
+    ) -> memoryview:
+        """``byte_size`` bytes at ``offset`` of the region, copied into host memory."""
         if self.kind == "system":
-            start = self.offset + offset
-            return memoryview(self.memory)[start : start + byte_size]
+            self._check_object(tensor)
+            if byte_size == 0:
+                return memoryview(b"")
+            # Pooled memory is pinned with a GPU (the executor's copy to the device is DMA) and
+            # goes back to the pool when the tensor's last view is gone.
+            target = pool.array(byte_size) if pool is not None else page_aligned(byte_size)
+            if not self._move(os.preadv, target.data, offset, tensor):
+                raise self._smaller(tensor, "it was truncated while being read")
+            return target.data
+        if self.memory is None or byte_size == 0:  # a CUDA region of 0 bytes maps nothing
+            return memoryview(b"")
         # CUDA, for an instance that takes host arrays (or BYTES, parsed on the host): the
         # bytes are copied out of the device once.
         return memoryview(self.device_view(offset, byte_size).get())
@@ -88,13 +108,16 @@ class _Region:
         """``byte_size`` bytes at ``offset`` of a CUDA region, in place: a CuPy uint8 array."""
         return self.memory[offset : offset + byte_size]
 
-    def write(self, offset: int, data: memoryview) -> None:
-        if data.nbytes == 0:
-            return
+    def write(self, offset: int, data: memoryview, tensor: str) -> None:
         if self.kind == "system":
-            start = self.offset + offset
-            memoryview(self.memory)[start : start + data.nbytes] = data
-        else:
+            self._check_object(tensor)
+            # A write past the end of an object truncated since the check grows it back.
+            if not self._move(os.pwritev, data.cast("B"), offset, tensor):
+                raise InvalidArgument(
+                    f"failed to write output '{tensor}' to shared memory region "
+                    f"'{self.name}': the write stopped short"
+                )
+        elif data.nbytes:
             source = np.frombuffer(data, dtype=np.uint8)
             cupy = cupy_module()
             assert cupy is not None  # a CUDA region exists only where CuPy does
@@ -105,14 +128,47 @@ class _Region:
                 # before ``data``, maybe a pooled buffer, is reused.
                 stream.synchronize()
 
-    def close(self) -> None:
-        """Unmap now if nothing points into the mapping any more; otherwise the mapping goes
-        when the last array viewing it does (never while one could still read it)."""
-        if self.kind == "system" and self.memory is not None:
+    def _check_object(self, tensor: str) -> None:
+        """Refuse a system region whose object no longer reaches the region's end (truncated
+        by its owner since registration)."""
+        size = os.fstat(self.fd).st_size
+        if size < self.offset + self.byte_size:
+            raise self._smaller(
+                tensor,
+                f"its shared memory object now has {size} bytes, the region ends at byte "
+                f"{self.offset + self.byte_size}",
+            )
+
+    def _smaller(self, tensor: str, why: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"shared memory region '{self.name}' for tensor '{tensor}' is smaller than "
+            f"registered: {why}"
+        )
+
+    def _move(self, call: _Transfer, view: memoryview, offset: int, tensor: str) -> bool:
+        """``call`` (``os.preadv`` or ``os.pwritev``) until all of ``view`` has moved, at
+        ``offset`` of the region; False if it stops short (a read at the object's end). One
+        call moves at most about 2 GiB, hence the loop."""
+        done = 0
+        while done < view.nbytes:
             try:
-                self.memory.close()
-            except BufferError:  # views of it are still alive somewhere
-                pass
+                count = call(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:  # /dev/shm full under a sparse object, an I/O error
+                raise InvalidArgument(
+                    f"shared memory region '{self.name}' for tensor '{tensor}' cannot be "
+                    f"accessed: {exc.strerror}"
+                ) from None
+            if count == 0:
+                return False
+            done += count
+        return True
+
+    def close(self) -> None:
+        """Close the descriptor (system) or the IPC mapping (CUDA): no request uses the region
+        any more (leases)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         elif self.kind == "cuda" and self.memory is not None:
             cupy = cupy_module()
             # No request uses it any more (leases), and every GPU instance waits for its
@@ -129,8 +185,11 @@ class _Region:
 class SharedMemoryRegistry:
     """The registered regions of both kinds; thread-safe (loads and inference may overlap)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, pool: HostBufferPool | None = None) -> None:
+        """``pool`` (the server's host pool) holds the copies of system region inputs; without
+        one they are page-aligned numpy memory."""
         self.enabled = enabled
+        self._pool = pool
         self._regions: dict[tuple[str, str], _Region] = {}
         self._lock = threading.Lock()
 
@@ -175,16 +234,10 @@ class SharedMemoryRegistry:
                 raise InvalidArgument(
                     f"Invalid offset + byte size for shared memory region: '{name}'"
                 )
-            try:
-                memory = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
-            except OSError as exc:  # out of descriptors or address space
-                raise Unavailable(
-                    f"failed to register shared memory region '{name}': {exc.strerror}"
-                ) from None
-        finally:
+        except BaseException:
             os.close(fd)
-        region = _Region(name, "system", byte_size, key=key, offset=offset, memory=memory)
-        self._add(region)
+            raise
+        self._add(_Region(name, "system", byte_size, key=key, offset=offset, fd=fd))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self._check_enabled()
@@ -267,7 +320,7 @@ class SharedMemoryRegistry:
 
     @contextmanager
     def lease(self, names: set[str]) -> Iterator[RegionLease]:
-        """Hold the named regions for one request: they stay mapped until it is done."""
+        """Hold the named regions for one request: they stay open until it is done."""
         held: list[_Region] = []
         try:
             for name in sorted(names):
@@ -277,7 +330,7 @@ class SharedMemoryRegistry:
                         raise NotFound(_unknown(region.kind, name))
                     region.users += 1
                 held.append(region)
-            yield RegionLease({region.name: region for region in held})
+            yield RegionLease({region.name: region for region in held}, self._pool)
         finally:
             for region in held:
                 with region.lock:
@@ -318,7 +371,7 @@ class SharedMemoryRegistry:
             self._regions[(region.kind, region.name)] = region
 
     def close(self) -> None:
-        """Unmap everything (server shutdown)."""
+        """Close every region (server shutdown)."""
         if self.enabled:
             self.unregister("system", "")
             self.unregister("cuda", "")
@@ -329,10 +382,13 @@ class RegionLease:
     """The regions one request holds, with bounds-checked access."""
 
     regions: dict[str, _Region]
+    pool: HostBufferPool | None = None
 
     def read(self, name: str, offset: int, byte_size: int, tensor: str) -> memoryview:
+        """A copy of the bytes in host memory, the request's own: no later change to the region
+        (an output written into it, the client's next request) reaches it."""
         region = self._checked(name, offset, byte_size, tensor)
-        return region.host_view(offset, byte_size)
+        return region.host_copy(offset, byte_size, tensor, self.pool)
 
     def read_on_device(self, name: str, offset: int, byte_size: int, tensor: str) -> Any | None:
         """The bytes of a CUDA region in place, as a CuPy uint8 array on its device (no copy);
@@ -349,16 +405,7 @@ class RegionLease:
                 f"shared memory size specified with the request for output '{tensor}' "
                 f"({byte_size} bytes) should be at least {data.nbytes} bytes to hold the results"
             )
-        region.write(offset, data)
-
-    def holds(self, array: np.ndarray) -> bool:
-        """Whether ``array`` is a view into one of the system regions held."""
-        return any(
-            region.kind == "system"
-            and region.memory is not None
-            and np.may_share_memory(array, np.frombuffer(region.memory, dtype=np.uint8))
-            for region in self.regions.values()
-        )
+        region.write(offset, data, tensor)
 
     def _checked(self, name: str, offset: int, byte_size: int, tensor: str) -> _Region:
         region = self.regions[name]
