@@ -76,7 +76,7 @@ async def serve(settings: Settings) -> int:
         await repository.close()
         return 1
 
-    dataplane = DataPlane(settings, repository)
+    dataplane = DataPlane(settings, repository, pool)
     try:
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
         http_server = _start_http(settings, dataplane, pool) if settings.allow_http else None

@@ -26,6 +26,7 @@ from server.errors import (
 )
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
+from server.memory.host_pool import HostBufferPool
 from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
 from server.observability.metrics import ModelEntry
 from server.observability.statistics import statistics_response
@@ -70,12 +71,18 @@ def _tensor_metadata(tensor: TensorSpec, batching: bool) -> dict[str, Any]:
 class DataPlane:
     """Answers the V2 protocol's questions from the model repository."""
 
-    def __init__(self, settings: Settings, repository: ModelRepository) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        repository: ModelRepository,
+        pool: HostBufferPool | None = None,
+    ) -> None:
+        """``pool`` (the server's host pool) holds the copies of shared memory inputs."""
         self._settings = settings
         self._repository = repository
         self._live = False
         self.gate = RequestGate()
-        self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
+        self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
 
     def set_live(self, live: bool) -> None:
         self._live = live
@@ -127,7 +134,7 @@ class DataPlane:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, run and package one request, and count it in the version's statistics.
-        Shared memory regions the request names stay mapped until it is answered."""
+        Shared memory regions the request names are held for it until it is answered."""
         regions = {t.shared_memory.region for t in request.inputs if t.shared_memory} | {
             o.shared_memory.region for o in request.outputs or () if o.shared_memory
         }
@@ -328,9 +335,10 @@ def _client_shape(
 
 
 def _read_shared_inputs(request: InferRequest, lease: RegionLease, on_device: bool) -> None:
-    """Give every input named in a shared memory region its data: a view of the region. With
-    ``on_device`` (the model's instances join on their GPUs), a numeric input in a CUDA region
-    is a CuPy view of it, handed to the instance without passing through the host."""
+    """Give every input named in a shared memory region its data: a copy of its bytes in host
+    memory (``RegionLease.read``). With ``on_device`` (the model's instances join on their
+    GPUs), a numeric input in a CUDA region is a CuPy view of it, handed to the instance
+    without passing through the host."""
     for tensor in request.inputs:
         ref = tensor.shared_memory
         if ref is None:
@@ -356,15 +364,10 @@ def _read_shared_inputs(request: InferRequest, lease: RegionLease, on_device: bo
 def _write_shared_outputs(
     request: InferRequest, outputs: list[OutputTensor], lease: RegionLease
 ) -> None:
-    """Write the outputs asked for in shared memory into their regions, and copy any other
-    output that is a view of an input region: the region may be unmapped once the request is
-    done, before the response is written."""
+    """Write the outputs asked for in shared memory into their regions. Inputs read from a
+    region are the request's own copies, so an output viewing one is unchanged by a write
+    into that region."""
     wanted = {o.name: o.shared_memory for o in request.outputs or () if o.shared_memory}
-    # First take copies of whatever views a region: writing an output into a region may
-    # overwrite the input another output still points at.
-    for output in outputs:
-        if lease.holds(output.data):
-            output.data = output.data.copy()
     for output in outputs:
         ref = wanted.get(output.name)
         if ref is not None:

@@ -8,9 +8,10 @@ and calls its ``initialize(config)``, where ``config`` is the model configuratio
 
 A python file declares no tensors, so the configuration must list the inputs and outputs.
 
-``execute`` gets views, not copies: of the request's buffer, or of the client's shared memory
-region (on KIND_GPU a CUDA region is handed over in place, on its device). Treat inputs as
-read-only, and keep none of them after ``execute`` returns: the memory is reused or unmapped.
+``execute`` gets views, not copies: of the request's buffer (for an input in system shared
+memory, of the server's copy of it), or on KIND_GPU of a client's CUDA shared memory region,
+in place on its device. Treat inputs as read-only, and keep none of them after ``execute``
+returns: the memory is reused or unmapped.
 """
 
 from __future__ import annotations

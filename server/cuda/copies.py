@@ -11,7 +11,6 @@ it have been written.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,12 +93,6 @@ def fetch(device: Any, dtype: np.dtype, stream: Any, pool: HostBufferPool) -> np
         host = np.empty(device.shape, dtype=dtype)
         device.get(stream=stream, out=host.view(device.dtype), blocking=False)
         return host
-    buffer = pool.acquire(device.nbytes)
-    # Every view of ``root`` (reshapes, a batch's per-request rows, the memoryviews the
-    # transports write) keeps it alive, since its own base is not an array: the buffer goes
-    # back to the pool when nothing can read it any more.
-    root = np.frombuffer(buffer.view, dtype=np.uint8, count=device.nbytes)
-    weakref.finalize(root, buffer.release).atexit = False
-    host = root.view(dtype).reshape(device.shape)
+    host = pool.array(device.nbytes).view(dtype).reshape(device.shape)
     device.get(stream=stream, out=host.view(device.dtype), blocking=False)
     return host

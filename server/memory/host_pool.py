@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ def size_class(nbytes: int, minimum: int = _MIN_CLASS) -> int:
     return max(minimum, 1 << (max(nbytes, 1) - 1).bit_length())
 
 
-def _aligned(nbytes: int) -> np.ndarray:
+def page_aligned(nbytes: int) -> np.ndarray:
     """A page-aligned uint8 array of ``nbytes`` (the alignment pinned copies want)."""
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     start = -raw.ctypes.data % PAGE
@@ -213,7 +214,18 @@ class HostBufferPool:
                     "pinned allocation of %d bytes failed (%s): pageable memory from now on "
                     "beyond the %d pinned bytes held", size, exc, self._pinned_total,
                 )
-        return HostBuffer(self, _aligned(size), nbytes)
+        return HostBuffer(self, page_aligned(size), nbytes)
+
+    def array(self, nbytes: int) -> np.ndarray:
+        """A buffer of ``nbytes`` as a uint8 array, for memory no one request releases (a
+        batch's outputs, copies of shared memory inputs): it goes back to the pool when the
+        last view of it is gone, after the responses that carry it have been written."""
+        buffer = self.acquire(nbytes)
+        # Every view of ``root`` (reshapes, a batch's per-request rows, the memoryviews the
+        # transports write) keeps it alive, since its own base is not an array.
+        root = np.frombuffer(buffer.view, dtype=np.uint8, count=nbytes)
+        weakref.finalize(root, buffer.release).atexit = False
+        return root
 
     def _count_out(self, size: int, pinned: bool) -> None:
         if pinned:

@@ -2,36 +2,31 @@
 
 A client on the same node creates a POSIX shared memory object (system) or a CUDA IPC handle
 (CUDA), registers it under a name, and then names the region, an offset and a byte size in
-tensor parameters instead of sending the bytes. The registry maps each system region once
-(``mmap`` of ``/dev/shm/<key>``), hands out zero-copy views of it for inputs, and writes
-outputs into it.
+tensor parameters instead of sending the bytes.
+
+System regions are read and written through their descriptor, never mapped, so nothing their
+owner does to its object can fault (``server.memory.regions``).
 
 Safety: every offset and size is checked at registration and at each use (Python integers do
 not overflow, but negative or oversized values are refused before any slicing); a key is a
 plain name under ``/dev/shm`` (no path separators), so it cannot reach other files; errors
 never echo keys. A region used by a request in flight is leased: unregistering it hides it
-at once, but unmaps it only when the last request using it has finished. Registration is off
+at once, but closes it only when the last request using it has finished. Registration is off
 unless ``--allow-client-shm=true`` (Triton's current default), with Triton's error text.
 Keys are opened without following symbolic links and must name regular files; the number of
-regions is bounded (each keeps a descriptor). As with Triton, a client that truncates an
-object after registering it makes the next access to it fault (SIGBUS): shared memory trusts
-the clients of the node, which is why it is off by default.
+regions is bounded (each keeps a descriptor).
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import mmap
 import os
 import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from server.cuda.devices import cupy_module
 from server.errors import (
@@ -42,12 +37,12 @@ from server.errors import (
     Unavailable,
     Unsupported,
 )
-
-log = logging.getLogger(__name__)
+from server.memory.host_pool import HostBufferPool
+from server.memory.regions import Region
 
 SHM_ROOT = "/dev/shm"
-#: Each system region holds a file descriptor (mmap keeps one): the registry stops here, well
-#: below the usual 1024-descriptor limit the server's sockets and model files also need.
+#: Each system region holds a file descriptor: the registry stops here, well below the usual
+#: 1024-descriptor limit the server's sockets and model files also need.
 MAX_REGIONS = 256
 #: Keys Triton's python backend uses for its own regions; refused as Triton does.
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
@@ -58,80 +53,15 @@ DISABLED = (
 )
 
 
-@dataclass(eq=False)
-class _Region:
-    """One registered region and the requests using it."""
-
-    name: str
-    kind: str  # "system" | "cuda"
-    byte_size: int
-    key: str = ""
-    offset: int = 0
-    device_id: int = 0
-    memory: Any = None  # mmap.mmap (system) or a CuPy uint8 array (CUDA)
-    users: int = 0
-    retired: bool = False  # unregistered: close when the last user is done
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def host_view(self, offset: int, byte_size: int) -> memoryview:
-        """``byte_size`` bytes at ``offset`` of the region, as a host memoryview."""
-        if self.memory is None or byte_size == 0:  # a region of 0 bytes maps nothing
-            return memoryview(b"")
-        if self.kind == "system":
-            start = self.offset + offset
-            return memoryview(self.memory)[start : start + byte_size]
-        # CUDA, for an instance that takes host arrays (or BYTES, parsed on the host): the
-        # bytes are copied out of the device once.
-        return memoryview(self.device_view(offset, byte_size).get())
-
-    def device_view(self, offset: int, byte_size: int) -> Any:
-        """``byte_size`` bytes at ``offset`` of a CUDA region, in place: a CuPy uint8 array."""
-        return self.memory[offset : offset + byte_size]
-
-    def write(self, offset: int, data: memoryview) -> None:
-        if data.nbytes == 0:
-            return
-        if self.kind == "system":
-            start = self.offset + offset
-            memoryview(self.memory)[start : start + data.nbytes] = data
-        else:
-            source = np.frombuffer(data, dtype=np.uint8)
-            cupy = cupy_module()
-            assert cupy is not None  # a CUDA region exists only where CuPy does
-            with cupy.cuda.Device(self.device_id):
-                stream = cupy.cuda.get_current_stream()
-                self.memory[offset : offset + data.nbytes].set(source, stream=stream)
-                # Landed before the answer goes out (the client reads the region then) and
-                # before ``data``, maybe a pooled buffer, is reused.
-                stream.synchronize()
-
-    def close(self) -> None:
-        """Unmap now if nothing points into the mapping any more; otherwise the mapping goes
-        when the last array viewing it does (never while one could still read it)."""
-        if self.kind == "system" and self.memory is not None:
-            try:
-                self.memory.close()
-            except BufferError:  # views of it are still alive somewhere
-                pass
-        elif self.kind == "cuda" and self.memory is not None:
-            cupy = cupy_module()
-            # No request uses it any more (leases), and every GPU instance waits for its
-            # stream before a request ends, failed ones included: no queued work reads it.
-            if cupy is not None:
-                try:
-                    with cupy.cuda.Device(self.device_id):
-                        cupy.cuda.runtime.ipcCloseMemHandle(self.memory.data.ptr)
-                except Exception:  # the region goes anyway
-                    log.exception("closing CUDA shared memory region '%s' failed", self.name)
-        self.memory = None
-
-
 class SharedMemoryRegistry:
     """The registered regions of both kinds; thread-safe (loads and inference may overlap)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, pool: HostBufferPool | None = None) -> None:
+        """``pool`` (the server's host pool) holds the copies of system region inputs; without
+        one they are page-aligned numpy memory."""
         self.enabled = enabled
-        self._regions: dict[tuple[str, str], _Region] = {}
+        self._pool = pool
+        self._regions: dict[tuple[str, str], Region] = {}
         self._lock = threading.Lock()
 
     @property
@@ -175,16 +105,10 @@ class SharedMemoryRegistry:
                 raise InvalidArgument(
                     f"Invalid offset + byte size for shared memory region: '{name}'"
                 )
-            try:
-                memory = mmap.mmap(fd, offset + byte_size) if offset + byte_size else None
-            except OSError as exc:  # out of descriptors or address space
-                raise Unavailable(
-                    f"failed to register shared memory region '{name}': {exc.strerror}"
-                ) from None
-        finally:
+        except BaseException:
             os.close(fd)
-        region = _Region(name, "system", byte_size, key=key, offset=offset, memory=memory)
-        self._add(region)
+            raise
+        self._add(Region(name, "system", byte_size, key=key, offset=offset, fd=fd))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self._check_enabled()
@@ -223,7 +147,7 @@ class SharedMemoryRegistry:
             raise InvalidArgument(
                 f"failed to register shared memory region '{name}': invalid args ({exc})"
             ) from None
-        self._add(_Region(name, "cuda", byte_size, device_id=device_id, memory=array))
+        self._add(Region(name, "cuda", byte_size, device_id=device_id, memory=array))
 
     def unregister(self, kind: str, name: str) -> None:
         """Unregister one region (``name``), or every region of ``kind`` (empty name). A region
@@ -267,8 +191,8 @@ class SharedMemoryRegistry:
 
     @contextmanager
     def lease(self, names: set[str]) -> Iterator[RegionLease]:
-        """Hold the named regions for one request: they stay mapped until it is done."""
-        held: list[_Region] = []
+        """Hold the named regions for one request: they stay open until it is done."""
+        held: list[Region] = []
         try:
             for name in sorted(names):
                 region = self._find(name)
@@ -277,7 +201,7 @@ class SharedMemoryRegistry:
                         raise NotFound(_unknown(region.kind, name))
                     region.users += 1
                 held.append(region)
-            yield RegionLease({region.name: region for region in held})
+            yield RegionLease({region.name: region for region in held}, self._pool)
         finally:
             for region in held:
                 with region.lock:
@@ -285,7 +209,7 @@ class SharedMemoryRegistry:
                     if region.retired and region.users == 0:
                         region.close()
 
-    def _find(self, name: str) -> _Region:
+    def _find(self, name: str) -> Region:
         self._check_enabled()
         with self._lock:
             region = self._regions.get(("system", name)) or self._regions.get(("cuda", name))
@@ -310,7 +234,7 @@ class SharedMemoryRegistry:
                     "are registered already; unregister some first"
                 )
 
-    def _add(self, region: _Region) -> None:
+    def _add(self, region: Region) -> None:
         with self._lock:
             if any(key[1] == region.name for key in self._regions):
                 region.close()
@@ -318,7 +242,7 @@ class SharedMemoryRegistry:
             self._regions[(region.kind, region.name)] = region
 
     def close(self) -> None:
-        """Unmap everything (server shutdown)."""
+        """Close every region (server shutdown)."""
         if self.enabled:
             self.unregister("system", "")
             self.unregister("cuda", "")
@@ -328,11 +252,14 @@ class SharedMemoryRegistry:
 class RegionLease:
     """The regions one request holds, with bounds-checked access."""
 
-    regions: dict[str, _Region]
+    regions: dict[str, Region]
+    pool: HostBufferPool | None = None
 
     def read(self, name: str, offset: int, byte_size: int, tensor: str) -> memoryview:
+        """A copy of the bytes in host memory, the request's own: no later change to the region
+        (an output written into it, the client's next request) reaches it."""
         region = self._checked(name, offset, byte_size, tensor)
-        return region.host_view(offset, byte_size)
+        return region.host_copy(offset, byte_size, tensor, self.pool)
 
     def read_on_device(self, name: str, offset: int, byte_size: int, tensor: str) -> Any | None:
         """The bytes of a CUDA region in place, as a CuPy uint8 array on its device (no copy);
@@ -349,18 +276,9 @@ class RegionLease:
                 f"shared memory size specified with the request for output '{tensor}' "
                 f"({byte_size} bytes) should be at least {data.nbytes} bytes to hold the results"
             )
-        region.write(offset, data)
+        region.write(offset, data, tensor)
 
-    def holds(self, array: np.ndarray) -> bool:
-        """Whether ``array`` is a view into one of the system regions held."""
-        return any(
-            region.kind == "system"
-            and region.memory is not None
-            and np.may_share_memory(array, np.frombuffer(region.memory, dtype=np.uint8))
-            for region in self.regions.values()
-        )
-
-    def _checked(self, name: str, offset: int, byte_size: int, tensor: str) -> _Region:
+    def _checked(self, name: str, offset: int, byte_size: int, tensor: str) -> Region:
         region = self.regions[name]
         if offset < 0 or byte_size < 0:
             raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")

@@ -13,7 +13,8 @@ import pytest
 
 from server import dataplane
 from server.errors import InvalidArgument
-from server.memory.shared_memory import SharedMemoryRegistry, _Region
+from server.memory.regions import Region
+from server.memory.shared_memory import SharedMemoryRegistry
 from server.protocol.datatypes import from_name
 from server.protocol.shared_memory_params import SharedMemoryRef
 from server.protocol.types import InferRequest, InputTensor
@@ -30,7 +31,7 @@ def fake() -> FakeCupy:
 def _registry(fake: FakeCupy) -> SharedMemoryRegistry:
     registry = SharedMemoryRegistry(enabled=True)
     memory = fake.device_array(VALUES.view(np.uint8), device_id=0)
-    registry._add(_Region("gpu", "cuda", memory.nbytes, memory=memory))
+    registry._add(Region("gpu", "cuda", memory.nbytes, memory=memory))
     return registry
 
 

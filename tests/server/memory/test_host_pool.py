@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import numpy as np
@@ -30,6 +31,19 @@ def test_a_released_buffer_is_reused_for_the_same_class_only() -> None:
     again = pool.acquire(90_000)
     assert np.frombuffer(again.view, np.uint8).ctypes.data == address
     assert pool.cached_bytes == 0
+
+
+def test_a_pooled_array_goes_back_when_its_last_view_does() -> None:
+    pool = HostBufferPool()
+    root = pool.array(100_000)
+    assert root.nbytes == 100_000 and root.ctypes.data % PAGE == 0
+    view = np.frombuffer(memoryview(root[16:]), np.int32)  # what a tensor of it looks like
+    del root
+    gc.collect()
+    assert pool.bytes_in_use == 1 << 17, "a view still reads it"
+    del view
+    gc.collect()
+    assert pool.bytes_in_use == 0 and pool.cached_bytes == 1 << 17
 
 
 def test_release_twice_returns_the_memory_once() -> None:

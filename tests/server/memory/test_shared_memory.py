@@ -1,11 +1,10 @@
 """SharedMemoryRegistry with real POSIX shared memory: registration checks, bounds, leases
-that keep a region mapped through unregistration, status, and the off switch."""
+that keep a region open through unregistration, status, and the off switch."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +13,6 @@ import pytest
 from server.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, Unsupported
 from server.memory import shared_memory
 from server.memory.shared_memory import DISABLED, SharedMemoryRegistry
-
-
-@pytest.fixture
-def key() -> Iterator[str]:
-    """A 4 KiB shared memory object holding 0..1023 as int32, removed afterwards."""
-    name = f"tg_test_{uuid.uuid4().hex}"
-    path = f"/dev/shm/{name}"
-    with open(path, "wb") as handle:
-        handle.write(np.arange(1024, dtype=np.int32).tobytes())
-    yield "/" + name
-    os.unlink(path)
 
 
 def test_register_read_write_status(key: str) -> None:
@@ -162,3 +150,4 @@ def test_the_number_of_regions_is_bounded(key: str, monkeypatch: pytest.MonkeyPa
     registry.unregister("system", "r0")
     registry.register_system("r3", key, 0, 16)
     registry.close()
+
