@@ -18,6 +18,7 @@ from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
+from server.http.listener import Listener
 from server.http.metrics import make_metrics_app
 from server.http.server import make_app
 from server.memory.device_pool import DevicePools
@@ -112,7 +113,7 @@ async def serve(settings: Settings) -> int:
     if poller is not None:
         poller.cancel()
     if http_server is not None:
-        http_server.stop()  # no new connections
+        http_server.listener.close()  # no new connections
     if metrics is not None:
         metrics.stop()
     if grpc_server is not None:
@@ -126,7 +127,7 @@ async def serve(settings: Settings) -> int:
     if http_server is not None:
         close_secs = min(_CLOSE_TIMEOUT_SECS, shutdown.remaining())
         try:
-            await asyncio.wait_for(http_server.close_all_connections(), close_secs)
+            await asyncio.wait_for(http_server.server.close_all_connections(), close_secs)
         except TimeoutError:
             log.warning("HTTP connections did not close within %.1f s", close_secs)
     await repository.close(None if finished else 0)
@@ -138,16 +139,25 @@ async def serve(settings: Settings) -> int:
     return 0
 
 
+class _Http:
+    """A Tornado HTTP server and the listener that accepts its connections."""
+
+    def __init__(self, server: HTTPServer, address: str, port: int, name: str) -> None:
+        self.server = server
+        self.listener = Listener(server, bind_sockets(port, address), name)
+        log.info("Started %s at %s:%d", name, address, self.listener.port)
+
+
 class _Metrics:
     """The metrics endpoint and the CPU/GPU sampler feeding it."""
 
-    def __init__(self, server: HTTPServer, sampler: SystemSampler, task: asyncio.Task[None]):
-        self.server = server
+    def __init__(self, http: _Http, sampler: SystemSampler, task: asyncio.Task[None]):
+        self.http = http
         self.sampler = sampler
         self.task = task
 
     def stop(self) -> None:
-        self.server.stop()
+        self.http.listener.close()
         self.task.cancel()
         self.sampler.close()
 
@@ -160,14 +170,15 @@ def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPoo
     def page() -> str:
         return render(dataplane.metric_entries(), pool.stats(), sampler.latest, histograms)
 
-    server = HTTPServer(make_metrics_app(page))
-    sockets = bind_sockets(settings.metrics_port, settings.metrics_address)
-    server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    log.info("Started Metrics Service at %s:%d", settings.metrics_address, port)
+    http = _Http(
+        HTTPServer(make_metrics_app(page)),
+        settings.metrics_address,
+        settings.metrics_port,
+        "Metrics Service",
+    )
     sampler.sample()  # the first scrape already has CPU and GPU figures
     task = asyncio.create_task(sampler.run(settings.metrics_interval_ms / 1000))
-    return _Metrics(server, sampler, task)
+    return _Metrics(http, sampler, task)
 
 
 async def _poll_repository(repository: ModelRepository, every_secs: int) -> None:
@@ -180,7 +191,7 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
             log.exception("repository poll failed")
 
 
-def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> HTTPServer:
+def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Http:
     server = HTTPServer(
         make_app(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
@@ -191,11 +202,7 @@ def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) 
         idle_connection_timeout=settings.http_idle_timeout_secs,
         body_timeout=settings.http_body_timeout_secs,
     )
-    sockets = bind_sockets(settings.http_port, settings.http_address)
-    server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    log.info("Started HTTPService at %s:%d", settings.http_address, port)
-    return server
+    return _Http(server, settings.http_address, settings.http_port, "HTTPService")
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:
