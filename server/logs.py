@@ -7,7 +7,7 @@ time with microseconds, process id, source), ``ISO8601`` is
 request (``server.dataplane``) and Tornado's access log; level 0 keeps INFO and above.
 
 An error that can repeat many times a second, as accepting connections does while the process
-is out of file descriptors, goes through ``RepeatingError``: one line per interval.
+is out of file descriptors, goes through ``RepeatingError``: one report per interval.
 """
 
 from __future__ import annotations
@@ -64,17 +64,19 @@ def configure(settings: Settings) -> None:
 
 class RepeatingError:
     """Logs an error at most once per ``interval_secs``, with the count of repeats not logged
-    since the previous line."""
+    since the previous report (and its traceback, with ``traceback``)."""
 
     def __init__(
         self,
         logger: logging.Logger,
         what: str,
+        traceback: bool = False,
         interval_secs: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._logger = logger
         self._what = what
+        self._traceback = traceback
         self._interval = interval_secs
         self._clock = clock
         self._logged_at: float | None = None
@@ -90,5 +92,7 @@ class RepeatingError:
             if self._logged_at is not None and self._unlogged
             else ""
         )
-        self._logger.error("%s: %s%s", self._what, error, repeats)
+        self._logger.error(
+            "%s: %s%s", self._what, error, repeats, exc_info=error if self._traceback else None
+        )
         self._logged_at, self._unlogged = now, 0

@@ -125,3 +125,12 @@ def test_a_repeating_error_is_reported_once_per_interval(caplog: pytest.LogCaptu
     ]
     assert all(record.exc_info is None for record in caplog.records)
 
+
+def test_a_repeating_error_can_carry_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    errors = RepeatingError(logging.getLogger("server.test"), "sampling failed", traceback=True)
+    error = OSError(24, "Too many open files")
+    with caplog.at_level(logging.ERROR, logger="server.test"):
+        errors.report(error)
+        errors.report(error)
+    (record,) = caplog.records
+    assert record.exc_info is not None and record.exc_info[1] is error
