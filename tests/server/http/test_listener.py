@@ -12,6 +12,7 @@ import os
 import resource
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,9 +78,11 @@ def test_a_failing_accept_pauses_and_resumes(caplog: pytest.LogCaptureFixture, c
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> ServerProcess:
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
     make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "m" / "1" / "model.onnx")
-    return start_server(tmp_path)
+    started = start_server(tmp_path)
+    yield started
+    started.stop()
 
 
 def _descriptors(pid: int) -> int:
@@ -121,14 +124,11 @@ def test_descriptor_exhaustion_is_logged_sparingly_and_survived(server: ServerPr
     finally:
         for connection in held:
             connection.close()
-    try:
-        waiting.settimeout(10)
-        assert parse_raw_response(read_response(waiting))[0] == 200
-        assert server.request("GET", "/v2/health/ready")[0] == 200
-        assert "nv_inference_request_success" in server.metrics()
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            assert client.is_server_ready(client_timeout=10)
-        assert server.stop() == 0
-    finally:
-        waiting.close()
-        server.stop()
+    waiting.settimeout(10)
+    assert parse_raw_response(read_response(waiting))[0] == 200
+    waiting.close()
+    assert server.request("GET", "/v2/health/ready")[0] == 200
+    assert "nv_inference_request_success" in server.metrics()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_ready(client_timeout=10)
+    assert server.stop() == 0
