@@ -1,10 +1,10 @@
-"""Builds the parts, loads the models, serves HTTP until SIGINT/SIGTERM, then stops cleanly."""
+"""Builds the parts, loads the models, serves HTTP until SIGINT/SIGTERM, then stops cleanly:
+within ``--exit-timeout-secs`` (see ``shutdown``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Sequence
 
 from tornado.httpserver import HTTPServer
@@ -18,6 +18,7 @@ from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
+from server.http.listener import Listener
 from server.http.metrics import make_metrics_app
 from server.http.server import make_app
 from server.memory.device_pool import DevicePools
@@ -26,6 +27,7 @@ from server.observability.gpu_metrics import GpuMonitor
 from server.observability.metrics import SystemSampler, render
 from server.repository.manager import ModelRepository
 from server.settings import Settings
+from server.shutdown import Shutdown, exit_now
 
 log = logging.getLogger("server")
 
@@ -51,6 +53,8 @@ def _model_table(repository: ModelRepository) -> None:
 
 async def serve(settings: Settings) -> int:
     """Run the server until a stop signal; the process exit code."""
+    shutdown = Shutdown(settings.exit_timeout_secs)
+    shutdown.install()  # a signal during the model loads stops the start-up too
     # ONNX Runtime first: a folder with neither backend nor platform set is tried against each
     # backend's default file in this order.
     # One pool of host buffers for both transports' request bodies and the GPU instances'
@@ -66,10 +70,14 @@ async def serve(settings: Settings) -> int:
     ]
     repository = ModelRepository(settings, {backend.name: backend for backend in backends})
     try:
-        await repository.load_initial(_initial_models(settings))
+        loaded = await shutdown.unless_stopped(repository.load_initial(_initial_models(settings)))
     except InferenceServerError as exc:
         log.error("error: %s", exc.message)
         return 1
+    if not loaded:
+        await repository.close(0)
+        # The loads' threads cannot be stopped, and Python would wait for them at exit.
+        exit_now("stopped during start-up; the model loads still running are abandoned")
     _model_table(repository)
     if repository.failed_models() and settings.exit_on_error:
         log.error("error: failed to load all models; exiting (--exit-on-error=true)")
@@ -95,15 +103,7 @@ async def serve(settings: Settings) -> int:
         else None
     )
 
-    stop, force = asyncio.Event(), asyncio.Event()
-
-    def on_signal() -> None:  # the first signal drains, a second one stops at once
-        (force if stop.is_set() else stop).set()
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal)
-    await stop.wait()
+    await shutdown.requested.wait()
 
     log.info(
         "stopping: finishing %d in-flight requests (at most %d s; signal again to stop now)",
@@ -113,43 +113,51 @@ async def serve(settings: Settings) -> int:
     if poller is not None:
         poller.cancel()
     if http_server is not None:
-        http_server.stop()  # no new connections
+        http_server.listener.close()  # no new connections
     if metrics is not None:
         metrics.stop()
     if grpc_server is not None:
         await grpc_server.update_health()
-    drained = asyncio.ensure_future(dataplane.gate.wait_idle(settings.exit_timeout_secs))
-    forced = asyncio.ensure_future(force.wait())
-    await asyncio.wait([drained, forced], return_when=asyncio.FIRST_COMPLETED)
-    forced.cancel()
-    finished = drained.done() and drained.result()
+    finished = await dataplane.gate.wait_idle(settings.exit_timeout_secs)
     if not finished:
-        drained.cancel()
         log.warning("stopping with %d requests still in flight", dataplane.gate.inside)
     dataplane.set_live(False)
     if grpc_server is not None:
-        await grpc_server.stop(grace_secs=0)
+        await grpc_server.stop(grace_secs=0)  # RPCs still running are cancelled
     if http_server is not None:
+        close_secs = min(_CLOSE_TIMEOUT_SECS, shutdown.remaining())
         try:
-            await asyncio.wait_for(http_server.close_all_connections(), _CLOSE_TIMEOUT_SECS)
+            await asyncio.wait_for(http_server.server.close_all_connections(), close_secs)
         except TimeoutError:
-            log.warning("HTTP connections did not close within %d s", _CLOSE_TIMEOUT_SECS)
+            log.warning("HTTP connections did not close within %.1f s", close_secs)
     await repository.close(None if finished else 0)
     dataplane.shared_memory.close()
     log.info("stopped")
+    if not finished:
+        # Threads still run those requests, and Python would wait for them at exit.
+        exit_now("exiting without waiting for the requests still running")
     return 0
+
+
+class _Http:
+    """A Tornado HTTP server and the listener that accepts its connections."""
+
+    def __init__(self, server: HTTPServer, address: str, port: int, name: str) -> None:
+        self.server = server
+        self.listener = Listener(server, bind_sockets(port, address), name)
+        log.info("Started %s at %s:%d", name, address, self.listener.port)
 
 
 class _Metrics:
     """The metrics endpoint and the CPU/GPU sampler feeding it."""
 
-    def __init__(self, server: HTTPServer, sampler: SystemSampler, task: asyncio.Task[None]):
-        self.server = server
+    def __init__(self, http: _Http, sampler: SystemSampler, task: asyncio.Task[None]):
+        self.http = http
         self.sampler = sampler
         self.task = task
 
     def stop(self) -> None:
-        self.server.stop()
+        self.http.listener.close()
         self.task.cancel()
         self.sampler.close()
 
@@ -165,14 +173,15 @@ def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPoo
             dataplane.metric_entries(), pool.stats(), sampler.latest, histograms, counters
         )
 
-    server = HTTPServer(make_metrics_app(page))
-    sockets = bind_sockets(settings.metrics_port, settings.metrics_address)
-    server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    log.info("Started Metrics Service at %s:%d", settings.metrics_address, port)
+    http = _Http(
+        HTTPServer(make_metrics_app(page)),
+        settings.metrics_address,
+        settings.metrics_port,
+        "Metrics Service",
+    )
     sampler.sample()  # the first scrape already has CPU and GPU figures
     task = asyncio.create_task(sampler.run(settings.metrics_interval_ms / 1000))
-    return _Metrics(server, sampler, task)
+    return _Metrics(http, sampler, task)
 
 
 async def _poll_repository(repository: ModelRepository, every_secs: int) -> None:
@@ -185,7 +194,7 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
             log.exception("repository poll failed")
 
 
-def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> HTTPServer:
+def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Http:
     server = HTTPServer(
         make_app(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
@@ -196,11 +205,7 @@ def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) 
         idle_connection_timeout=settings.http_idle_timeout_secs,
         body_timeout=settings.http_body_timeout_secs,
     )
-    sockets = bind_sockets(settings.http_port, settings.http_address)
-    server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    log.info("Started HTTPService at %s:%d", settings.http_address, port)
-    return server
+    return _Http(server, settings.http_address, settings.http_port, "HTTPService")
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:

@@ -5,6 +5,9 @@ Lines start the way Triton's do, so log tooling written for Triton keeps working
 time with microseconds, process id, source), ``ISO8601`` is
 ``2026-11-30T06:17:13Z I 4242 name] message``. Verbose level 1 adds one line per inference
 request (``server.dataplane``) and Tornado's access log; level 0 keeps INFO and above.
+
+An error that can repeat many times a second, as accepting connections does while the process
+is out of file descriptors, goes through ``RepeatingError``: one report per interval.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from server.settings import Settings
 
@@ -56,3 +60,39 @@ def configure(settings: Settings) -> None:
     root.setLevel(logging.DEBUG if settings.log_verbose > 0 else logging.INFO)
     if settings.log_verbose == 0:
         logging.getLogger("tornado.access").setLevel(logging.WARNING)
+
+
+class RepeatingError:
+    """Logs an error at most once per ``interval_secs``, with the count of repeats not logged
+    since the previous report (and its traceback, with ``traceback``)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        traceback: bool = False,
+        interval_secs: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._what = what
+        self._traceback = traceback
+        self._interval = interval_secs
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    def report(self, error: BaseException) -> None:
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < self._interval:
+            self._unlogged += 1
+            return
+        repeats = (
+            f" ({self._unlogged} more in the last {now - self._logged_at:.0f} s)"
+            if self._logged_at is not None and self._unlogged
+            else ""
+        )
+        self._logger.error(
+            "%s: %s%s", self._what, error, repeats, exc_info=error if self._traceback else None
+        )
+        self._logged_at, self._unlogged = now, 0

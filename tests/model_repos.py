@@ -153,3 +153,86 @@ def slow_http_request(rows: int, request_id: str) -> bytes:
         f"Inference-Header-Content-Length: {len(text)}\r\n\r\n"
     ).encode()
     return head + text + np.ones((rows, width), np.float32).tobytes()
+
+
+def spin_model(iterations: int) -> onnx.ModelProto:
+    """FP32 [1] -> [1]: a Loop adding one ``iterations`` times, which keeps ONNX Runtime busy
+    for about a microsecond per iteration (a long execution in a file of a few hundred bytes)."""
+    one = numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one")
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["x_in", "one"], ["x_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [1]),
+        ],
+        [one],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "INPUT0"], ["OUTPUT0"], body=body)],
+        "spin",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array(iterations, dtype=np.int64), "trips")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", make_models.OPSET)])
+    model.ir_version = make_models.IR_VERSION
+    return model
+
+
+_ONE_INSTANCE = "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+_PYTHON_IO = """backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+_SLEEPY = """import time
+
+
+class TensorgateModel:
+    def execute(self, inputs):
+        time.sleep(30)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+_SLOW_START = """import time
+
+
+class TensorgateModel:
+    def initialize(self, config):
+        print("initializing slow_start", flush=True)
+        time.sleep(30)
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+
+def build_busy_repository(root: Path) -> Path:
+    """Models that keep their one instance busy for half a minute: ``sleepy`` (a python model
+    whose ``execute`` sleeps 30 s) and ``spin`` (ONNX Runtime looping for about as long); both
+    FP32 [1] in and out, no batching."""
+    config = f'name: "sleepy"\n{_PYTHON_IO}{_ONE_INSTANCE}'
+    make_models.write_text(config, root / "sleepy" / "config.pbtxt")
+    make_models.write_text(_SLEEPY, root / "sleepy" / "1" / "model.py")
+    make_models.save(spin_model(30_000_000), root / "spin" / "1" / "model.onnx")
+    make_models.write_text(
+        'name: "spin"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n' + _ONE_INSTANCE,
+        root / "spin" / "config.pbtxt",
+    )
+    return root
+
+
+def build_slow_start_repository(root: Path) -> Path:
+    """``slow_start``: a python model whose ``initialize`` prints ``initializing slow_start``
+    and then sleeps 30 s (a load in progress)."""
+    config = f'name: "slow_start"\n{_PYTHON_IO}{_ONE_INSTANCE}'
+    make_models.write_text(config, root / "slow_start" / "config.pbtxt")
+    make_models.write_text(_SLOW_START, root / "slow_start" / "1" / "model.py")
+    return root

@@ -76,8 +76,10 @@ class ServerProcess:
         self._reader.start()
         deadline = time.monotonic() + timeout
         while not self._started.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc.poll() is not None:
                 self._reader.join(5)
+                return
+            if time.monotonic() > deadline:  # still starting: ``timeout=0`` does not wait
                 return
         if self.port is not None:
             self._wait_live(deadline)
@@ -119,6 +121,13 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.lines)
+
+    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
+        """Wait until the server has printed ``text``."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log:
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.log
+            time.sleep(0.02)
 
     @property
     def url(self) -> str:

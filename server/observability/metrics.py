@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 
+from server.logs import RepeatingError
 from server.memory.host_pool import PoolStats
 from server.observability.gpu_metrics import GpuMonitor, GpuSample
 from server.observability.statistics import (
@@ -74,6 +75,8 @@ class SystemSampler:
         self._cpu = cpu
         self._gpu = gpu
         self.latest = SystemSample()
+        # Failing every interval while, say, the process is out of file descriptors.
+        self._failures = RepeatingError(log, "sampling CPU/GPU metrics failed", traceback=True)
         if cpu:
             psutil.cpu_percent(interval=None)  # the first call only starts the measurement
 
@@ -92,13 +95,13 @@ class SystemSampler:
 
     async def run(self, interval_s: float) -> None:
         """Sample every ``interval_s`` until cancelled (the caller took the first reading); a
-        failed reading is logged and the next one tried."""
+        failed reading is logged (at most one report per few seconds) and the next one tried."""
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await asyncio.to_thread(self.sample)
-            except Exception:  # metrics must never take the server down
-                log.exception("sampling CPU/GPU metrics failed")
+            except Exception as exc:  # noqa: BLE001 - metrics must never take the server down
+                self._failures.report(exc)
 
     def close(self) -> None:
         if self._gpu is not None:

@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from server.logs import TritonFormatter
+import pytest
+
+from server.logs import RepeatingError, TritonFormatter
 from tests.server.http.helpers import assert_simple_ok
 from tests.server_process import EXAMPLES, ROOT, start_server
 
@@ -107,3 +109,28 @@ def test_log_file_with_verbose_request_lines(tmp_path: Path) -> None:
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0
     assert "Started HTTPService" not in output, "with --log-file nothing goes to the console"
+
+
+def test_a_repeating_error_is_reported_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    errors = RepeatingError(logging.getLogger("server.test"), "accept failed", clock=lambda: now[0])
+    error = OSError(24, "Too many open files")
+    with caplog.at_level(logging.ERROR, logger="server.test"):
+        for step in range(100):  # ten a second for ten seconds
+            now[0] = step / 10
+            errors.report(error)
+    assert [record.getMessage() for record in caplog.records] == [
+        "accept failed: [Errno 24] Too many open files",
+        "accept failed: [Errno 24] Too many open files (49 more in the last 5 s)",
+    ]
+    assert all(record.exc_info is None for record in caplog.records)
+
+
+def test_a_repeating_error_can_carry_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    errors = RepeatingError(logging.getLogger("server.test"), "sampling failed", traceback=True)
+    error = OSError(24, "Too many open files")
+    with caplog.at_level(logging.ERROR, logger="server.test"):
+        errors.report(error)
+        errors.report(error)
+    (record,) = caplog.records
+    assert record.exc_info is not None and record.exc_info[1] is error

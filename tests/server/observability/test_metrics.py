@@ -3,13 +3,16 @@ notation, histograms cumulative, and all of it readable by prometheus_client's p
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.memory.host_pool import PoolStats
 from server.observability.gpu_metrics import GpuSample
-from server.observability.metrics import ModelEntry, SystemSample, render
+from server.observability.metrics import ModelEntry, SystemSample, SystemSampler, render
 from server.observability.statistics import ModelStats
 
 GPU = GpuSample(
@@ -141,3 +144,27 @@ def test_empty_server_renders_system_gauges_only() -> None:
     text = render([], POOL, SystemSample(), False)
     assert "nv_pinned_memory_pool_total_bytes 268435456" in text
     assert "nv_inference" not in text
+
+
+def test_a_sampler_that_keeps_failing_is_reported_once_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of file descriptors, psutil fails on every reading: the log gets one report, not
+    one per reading."""
+    sampler = SystemSampler(cpu=False, gpu=None)
+
+    def fail() -> SystemSample:
+        raise OSError(24, "Too many open files: '/proc/meminfo'")
+
+    monkeypatch.setattr(sampler, "sample", fail)
+
+    async def run_a_while() -> None:
+        task = asyncio.create_task(sampler.run(0.001))
+        await asyncio.sleep(0.2)
+        task.cancel()
+
+    with caplog.at_level(logging.ERROR, logger="server.observability.metrics"):
+        asyncio.run(run_a_while())
+    (record,) = caplog.records
+    assert record.getMessage().startswith("sampling CPU/GPU metrics failed: [Errno 24]")
+    assert record.exc_info is not None
