@@ -17,6 +17,7 @@ import grpc
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
+from server.grpc.stream_window import StreamWindow
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.protocol import grpc_codec
 from server.protocol.model_spec import ModelSpec
@@ -221,9 +222,11 @@ class InferenceServicer:
     ) -> AsyncIterator[bytes]:
         """Requests run concurrently; each reply goes out when ready (maybe out of order) and
         carries its request's id. A failed request is an ``error_message`` reply: the stream
-        stays open."""
+        stays open. While the client leaves replies unread, the stream stops reading requests
+        (``StreamWindow``)."""
         replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        window = StreamWindow()
 
         async def answer(data: bytes) -> None:
             request = pb.ModelInferRequest()
@@ -240,14 +243,17 @@ class InferenceServicer:
                         id=request.id,
                     ),
                 ).SerializeToString()
+            window.answered(len(data), len(reply))
             replies.put_nowait(reply)
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    window.read(len(request))
                     task = asyncio.create_task(answer(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
+                    await window.room()
                 while running:
                     await asyncio.wait(list(running))
             finally:
@@ -256,7 +262,8 @@ class InferenceServicer:
         reader = asyncio.create_task(read())
         try:
             while (reply := await replies.get()) is not None:
-                yield reply
+                yield reply  # resumes once flow control has taken the reply
+                window.sent(len(reply))
             await reader  # surfaces a failure to read the request stream
         finally:
             reader.cancel()

@@ -27,9 +27,11 @@ from server.errors import (
 from server.generated import model_config_pb2 as mc
 from server.grpc.server import GrpcServer
 from server.grpc.servicer import status_code
+from server.grpc.stream_window import MAX_HELD_BYTES, MAX_RUNNING
 from server.memory.host_pool import HostBufferPool
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
+from tests.server.grpc.helpers import SLOW_READER, settled
 
 STOPPING = (
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
@@ -67,6 +69,7 @@ class FakeDataPlane(DataPlane):
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.echo = False
+        self.arrived: list[str] = []  # ids, as each request reaches infer
         self.seen: list[InferRequest] = []
 
     def _fail(self) -> None:
@@ -89,6 +92,7 @@ class FakeDataPlane(DataPlane):
         return mc.ModelConfig(name=name)
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        self.arrived.append(request.id)
         self._fail()
         if request.id in self.fail_ids:
             raise RuntimeError("boom")
@@ -114,14 +118,21 @@ Scenario = Callable[
 ]
 
 
-def _run(scenario: Scenario, ready: bool = True, pool: HostBufferPool | None = None) -> None:
+def _run(
+    scenario: Scenario,
+    ready: bool = True,
+    pool: HostBufferPool | None = None,
+    client_options: tuple[tuple[str, int], ...] = (),
+) -> None:
     async def main() -> None:
         plane = FakeDataPlane(ready)
         server = GrpcServer(plane, pool)
         port = server.bind("127.0.0.1", 0)
         await server.start()
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=client_options
+            ) as channel:
                 stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
                 await scenario(plane, stub, channel)
                 if not plane.gate.closed:  # whatever was refused, the server still answers
@@ -261,6 +272,61 @@ def test_stream_replies_as_each_request_completes_and_cancel_stops_the_rest() ->
         await asyncio.wait_for(plane.cancelled.wait(), timeout=5)
 
     _run(scenario)
+
+
+def test_stream_runs_a_bounded_number_of_requests_at_once() -> None:
+    """Requests that do not finish stop the stream reading more at ``MAX_RUNNING``; the client's
+    other requests wait unread, and are read as the running ones are answered."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        count = 3 * MAX_RUNNING
+        plane.hang_ids = {f"r{i}" for i in range(count)}
+        call = stub.ModelStreamInfer()
+        for i in range(count):
+            await call.write(_request(f"r{i}"))
+        assert await settled(lambda: len(plane.arrived)) == MAX_RUNNING
+        call.cancel()
+
+    _run(scenario)
+
+
+def test_stream_whose_replies_go_unread_stops_reading_requests() -> None:
+    """A client that writes 1 MiB requests and reads nothing: the stream reads requests only
+    while it holds under ``MAX_HELD_BYTES`` of them and their replies. Once the client reads,
+    every reply comes, each with its own request's data."""
+    size = 2**20
+    count = 2 * MAX_HELD_BYTES // size
+
+    def request(i: int) -> service_pb2.ModelInferRequest:
+        message = _request(f"r{i}")
+        message.inputs.add(name="IN0", datatype="INT32", shape=[size // 4])
+        message.raw_input_contents.append(np.full(size // 4, i, np.int32).tobytes())
+        return message
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = True
+        call = stub.ModelStreamInfer()
+
+        async def write() -> None:
+            for i in range(count):
+                await call.write(request(i))
+            await call.done_writing()
+
+        writer = asyncio.create_task(write())
+        read = await settled(lambda: len(plane.arrived))
+        assert read <= MAX_HELD_BYTES // size + 1, read
+        replies = [reply async for reply in call]
+        await asyncio.wait_for(writer, 10)
+        assert sorted(r.infer_response.id for r in replies) == sorted(f"r{i}" for i in range(count))
+        for reply in replies:
+            i = int(reply.infer_response.id[1:])
+            assert reply.infer_response.raw_output_contents == [request(i).raw_input_contents[0]]
+
+    _run(scenario, client_options=SLOW_READER)
 
 
 def test_closed_gate_refuses_inference_with_unavailable() -> None:
