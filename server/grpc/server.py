@@ -18,6 +18,31 @@ from server.memory.host_pool import HostBufferPool
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
 SERVICE_NAME = "inference.GRPCInferenceService"
+#: Streams one connection may have at once (Triton sets no limit; grpc core's default is
+#: unlimited). grpc core counts a stream until the server has freed it, not only until the
+#: client reset it ("grpc.http.overload_protection", set below), so a client opening and
+#: resetting streams faster than they are freed (HTTP/2 rapid reset, CVE-2023-44487) has its
+#: new streams refused (RST_STREAM REFUSED_STREAM) past this many instead of flooding the
+#: server's queue of calls, where other connections' calls were cancelled. grpc clients wait
+#: for a free stream instead of opening more.
+MAX_CONCURRENT_STREAMS = 1000
+#: Pings sooner than this after the previous one, while no data is sent, are strikes; past
+#: MAX_PING_STRIKES of them the connection is closed (GOAWAY ENHANCE_YOUR_CALM
+#: "too_many_pings"). Triton's defaults (``--grpc-http2-min-recv-ping-interval-without-data``,
+#: ``--grpc-http2-max-ping-strikes``), which are grpc core's, pinned here.
+MIN_PING_INTERVAL_MS = 300_000
+MAX_PING_STRIKES = 2
+#: grpc core channel arguments (names from grpc's channel_arg_names.h and chttp2's internal.h).
+SERVER_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+    # grpcio shares ports by default: a second server would silently split traffic.
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+    ("grpc.http.overload_protection", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+)
 
 
 def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
@@ -52,14 +77,7 @@ class GrpcServer:
 
     def __init__(self, dataplane: DataPlane, pool: HostBufferPool | None = None) -> None:
         self._dataplane = dataplane
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
-                # grpcio shares ports by default: a second server would silently split traffic.
-                ("grpc.so_reuseport", 0),
-            ]
-        )
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()
         self.port = 0
