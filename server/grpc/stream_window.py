@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 
 #: Bytes of requests and unsent replies one stream may hold before it stops reading requests.
-#: One message may be larger (up to the 2 GiB message limit): it is read when the stream holds
-#: nothing else, so a stream holds at most this plus one request and one reply.
+#: A request of any size (up to the 2 GiB message limit) is read while the stream holds less, so
+#: the last request read may pass the bound, as may replies larger than their requests (those of
+#: at most ``MAX_RUNNING`` requests).
 MAX_HELD_BYTES = 64 * 2**20
 #: Requests of one stream that run at once; the next is read when one of them is answered. Room
 #: for a dynamic batch of this size from one stream; it also bounds what running requests hold

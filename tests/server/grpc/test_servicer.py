@@ -67,6 +67,7 @@ class FakeDataPlane(DataPlane):
         self.hang_ids: set[str] = set()
         self.fail_ids: set[str] = set()  # requests that raise RuntimeError("boom")
         self.started = asyncio.Event()
+        self.release = asyncio.Event()  # ends the hanging requests
         self.cancelled = asyncio.Event()
         self.echo = False
         self.arrived: list[str] = []  # ids, as each request reaches infer
@@ -99,7 +100,7 @@ class FakeDataPlane(DataPlane):
         if self.hang or request.id in self.hang_ids:
             self.started.set()
             try:
-                await asyncio.Event().wait()
+                await self.release.wait()
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
@@ -276,18 +277,21 @@ def test_stream_replies_as_each_request_completes_and_cancel_stops_the_rest() ->
 
 def test_stream_runs_a_bounded_number_of_requests_at_once() -> None:
     """Requests that do not finish stop the stream reading more at ``MAX_RUNNING``; the client's
-    other requests wait unread, and are read as the running ones are answered."""
+    other requests wait unread, and are read once the running ones are answered."""
 
     async def scenario(
         plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
     ) -> None:
-        count = 3 * MAX_RUNNING
-        plane.hang_ids = {f"r{i}" for i in range(count)}
+        ids = [f"r{i}" for i in range(3 * MAX_RUNNING)]
+        plane.hang_ids = set(ids)
         call = stub.ModelStreamInfer()
-        for i in range(count):
-            await call.write(_request(f"r{i}"))
+        for request_id in ids:
+            await call.write(_request(request_id))
+        await call.done_writing()
         assert await settled(lambda: len(plane.arrived)) == MAX_RUNNING
-        call.cancel()
+        plane.release.set()
+        replies = [reply.infer_response.id async for reply in call]
+        assert sorted(replies) == sorted(ids) == sorted(plane.arrived)
 
     _run(scenario)
 

@@ -48,7 +48,7 @@ def test_running_requests_pause_reading_until_one_is_answered() -> None:
     asyncio.run(scenario())
 
 
-def test_a_message_larger_than_the_bound_is_read_when_the_stream_holds_nothing() -> None:
+def test_a_request_larger_than_the_bound_is_read_while_under_it() -> None:
     async def scenario() -> None:
         window = StreamWindow(max_bytes=100, max_running=10)
         assert await _has_room(window)
