@@ -26,6 +26,9 @@ from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 PAIRS = 20_000
 ATTACK_SECONDS = 15.0  # the attack stops at PAIRS or after this long, whichever comes first
+#: Pairs sent at once: more than the stream limit, so that a server that frees streams quickly
+#: still sees more of them at once than it allows.
+BURST = 2 * MAX_CONCURRENT_STREAMS
 NORMAL_CALLERS = 4
 
 SIMPLE = pb.ModelInferRequest(
@@ -127,7 +130,7 @@ def test_rapid_reset_leaves_other_connections_served(server: ServerProcess) -> N
                 if attacker.h2.local_flow_control_window(stream) >= len(message):
                     attacker.h2.send_data(stream, message)
                 attacker.h2.reset_stream(stream, ErrorCodes.CANCEL)
-                if pair % 500 == 499:
+                if pair % BURST == BURST - 1:
                     attacker.flush()
                     attacker.receive()
                     if attacker.closed or time.monotonic() > deadline:
