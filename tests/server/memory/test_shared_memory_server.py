@@ -229,7 +229,7 @@ def test_unregister_during_inference_completes_after_it(
     Two long requests go to the one-instance ``slow`` model: one reading its input from a
     region, one plain. Once one of them waits for the instance (the pending gauge is 1), both
     are in the server, the shared memory one holding its region."""
-    rows, width = 128, 2048  # each request keeps the instance busy for a few hundred ms
+    rows, width = 256, 2048  # each request keeps the instance busy for half a second or more
     data = np.full((rows, width), 2.0, dtype=np.float32)
     plain = np.full((rows, width), 3.0, dtype=np.float32)
     handle, key = regions.create("slow_in", data.nbytes)
