@@ -120,7 +120,8 @@ def _resolve_backend(
 
 
 def model_file(model_dir: Path, version: int, filename: str, model: str) -> Path | None:
-    """The model file of one version, resolved inside its version folder (None if absent)."""
+    """The model file of one version, checked to resolve inside its version folder and be a
+    regular file (None if there is none)."""
     return confined_file(
         model_dir / str(version), filename, "model file", model, f"{version}/{filename}",
         "the model's version folder",
@@ -196,9 +197,13 @@ def _prepare_config(
     present = [v for v in versions if v in available]
     if not settings.disable_auto_complete_config and present and not is_complete(config):
         path = model_file(model_dir, present[-1], config.default_model_filename, config.name)
-        if path is not None:
-            default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
-            autocomplete(config, backend.signature(path), default_max)
+        if path is None:
+            raise ModelLoadError(
+                f"unable to complete the config of model '{config.name}': model file "
+                f"{present[-1]}/{config.default_model_filename} not found"
+            )
+        default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
+        autocomplete(config, backend.signature(path), default_max)
     if gpu_count is None:
         model_config.normalize(config, backend.gpu_count(), device_count())
     else:

@@ -258,6 +258,16 @@ def test_missing_model_file_in_the_latest_version_folder(
     assert model.versions[2].reason == "model file 2/model.onnx not found"
 
 
+def test_missing_model_file_for_auto_complete(tmp_path: Path, load: Callable[..., Model]) -> None:
+    """A partial config is completed from the newest version's file: without it, the load
+    says so (it used to be ONNX Runtime's message, with the host path in it)."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    _write_config(tmp_path, "m", 'backend: "onnxruntime"\nmax_batch_size: 4\n')
+    assert load("m").reason == (
+        "unable to complete the config of model 'm': model file 1/model.onnx not found"
+    )
+
+
 def test_kind_gpu_group_with_a_gpu_is_unavailable_with_reason(
     tmp_path: Path, load: Callable[..., Model]
 ) -> None:
