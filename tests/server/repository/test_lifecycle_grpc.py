@@ -5,6 +5,7 @@ triton-facts §7.5) and a corrupt model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,33 @@ def test_file_override_paths_that_escape_are_refused(
     assert "invalid file override path" in error.message()
     assert snapshot(repo) == before
     assert client.is_model_ready("keep")
+
+
+@pytest.mark.parametrize(
+    "override, cause",
+    [
+        ({"default_model_filename": "../cfg/1/model.onnx"}, "resolves outside"),
+        ({"instance_group": [{"kind": "KIND_CPU", "count": 100_000}]}, "instance_group[0].count"),
+        ({"sequence_batching": {}}, "sequence_batching in its configuration is not supported"),
+    ],
+)
+def test_hostile_config_overrides_are_invalid_arguments(
+    client: grpcclient.InferenceServerClient, override: dict[str, Any], cause: str
+) -> None:
+    """The load API refuses them over gRPC too, with INVALID_ARGUMENT and the reason."""
+    client.load_model("keep")
+    config = {**json.loads(identity_config(4)), **override}
+    error = client_error(client.load_model, "keep", config=json.dumps(config))
+    assert error.status() == INVALID
+    assert error.message().startswith("failed to load 'keep': ") and cause in error.message()
+    assert client.is_model_ready("keep")
+
+
+def test_file_overrides_need_a_config(client: grpcclient.InferenceServerClient) -> None:
+    error = client_error(client.load_model, "keep", files={"file:1/model.onnx": b"x"})
+    assert (error.status(), error.message()) == (
+        INVALID, "Load parameter 'config' must be specified for model file override"
+    )
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/../b", "/etc/passwd", "model/", " ..", "..\\x"])
