@@ -298,7 +298,7 @@ class DataPlane:
                 if served.state is State.READY or wanted is not None:
                     entries.append((model_name, str(number), served.stats))
         if wanted is not None and not entries:
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            raise NotFound(f"Request for unknown model: '{name}' version {wanted} is not found")
         return statistics_response(entries)
 
     def metric_entries(self) -> list[ModelEntry]:

@@ -767,15 +767,17 @@ def test_unknown_model_or_version_wins_over_a_bad_request(
         assert (error.code(), error.details()) == (code, text)
 
 
-@pytest.mark.parametrize("version", ["2", "99"])
+@pytest.mark.parametrize("version, number", [("2", 2), ("99", 99), ("0099", 99)])
 def test_unknown_version_is_not_found(
-    client: grpcclient.InferenceServerClient, version: str
+    client: grpcclient.InferenceServerClient, version: str, number: int
 ) -> None:
-    text = f"Request for unknown model: 'simple' version {version} is not found"
+    """Named by its number, as Triton reads the string (leading zeros dropped)."""
+    text = f"Request for unknown model: 'simple' version {number} is not found"
     for call in (
         lambda: client.infer("simple", _simple_inputs(), model_version=version),
         lambda: client.get_model_metadata("simple", version),
         lambda: client.get_model_config("simple", version),
+        lambda: client.get_inference_statistics("simple", version),
     ):
         error = _client_error(call)
         assert error.status() == "StatusCode.NOT_FOUND"
