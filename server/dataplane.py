@@ -42,7 +42,7 @@ from server.repository.versions import request_version
 from server.request_gate import RequestGate
 from server.scheduling.job import Job
 from server.settings import Settings
-from server.threads import off_loop_if_large
+from server.threads import off_loop_if_large, run_in_thread
 
 log = logging.getLogger("server")
 T = TypeVar("T")
@@ -90,13 +90,13 @@ class DataPlane:
     def live(self) -> bool:
         return self._live
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         """Live and not stopping, and with strict readiness every model ready too."""
         if not self._live or self.gate.closed:
             return False
         return self._repository.all_ready() if self._settings.strict_readiness else True
 
-    def server_metadata(self) -> dict[str, Any]:
+    async def server_metadata(self) -> dict[str, Any]:
         return {
             "name": self._settings.server_id,
             "version": __version__,
@@ -106,10 +106,10 @@ class DataPlane:
             ],
         }
 
-    def model_ready(self, name: str, version: str) -> bool:
+    async def model_ready(self, name: str, version: str) -> bool:
         return self._repository.is_ready(name, version)
 
-    def model_metadata(self, name: str, version: str) -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str) -> dict[str, Any]:
         served = self._repository.version(name, version)
         config = _required(served.config)
         spec = _required(served.spec)
@@ -125,11 +125,11 @@ class DataPlane:
             "outputs": [_tensor_metadata(t, spec.batching) for t in spec.outputs.values()],
         }
 
-    def model_spec(self, name: str, version: str) -> ModelSpec:
+    async def model_spec(self, name: str, version: str) -> ModelSpec:
         """What requests to this model are checked against (raises for unknown models)."""
         return _required(self._repository.version(name, version).spec)
 
-    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+    async def model_config(self, name: str, version: str) -> mc.ModelConfig:
         return _required(self._repository.version(name, version).config)
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -255,7 +255,7 @@ class DataPlane:
 
     # --- model repository extension ---------------------------------------------------------
 
-    def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+    async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
         return self._repository.index(ready_only)
 
     async def load_model(
@@ -282,7 +282,7 @@ class DataPlane:
 
     # --- statistics extension -----------------------------------------------------------------
 
-    def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+    async def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
         """Cumulative statistics: every loaded version of every model ("" name), of one model,
         or of one version."""
         wanted = request_version(version)
@@ -311,6 +311,25 @@ class DataPlane:
                         ModelEntry(name, str(number), served.stats, served.scheduler.pending)
                     )
         return entries
+
+    # --- shared memory extensions ------------------------------------------------------------
+
+    async def shm_status(self, kind: str, name: str) -> list[dict[str, Any]]:
+        return self.shared_memory.status(kind, name)
+
+    async def shm_register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shared_memory.register_system(name, key, offset, byte_size)
+
+    async def shm_register_cuda(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        # Opening an IPC handle is a blocking driver call (it may create a CUDA context).
+        await run_in_thread(
+            None, self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size
+        )
+
+    async def shm_unregister(self, kind: str, name: str) -> None:
+        self.shared_memory.unregister(kind, name)
 
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":

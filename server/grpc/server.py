@@ -10,10 +10,10 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from server.dataplane import DataPlane
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.memory.host_pool import HostBufferPool
+from server.plane import Plane
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -75,7 +75,7 @@ def _serialize(message: Message) -> bytes:
 class GrpcServer:
     """Owns the grpc.aio server and keeps the health service in step with readiness."""
 
-    def __init__(self, dataplane: DataPlane, pool: HostBufferPool | None = None) -> None:
+    def __init__(self, dataplane: Plane, pool: HostBufferPool | None = None) -> None:
         self._dataplane = dataplane
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
@@ -102,7 +102,7 @@ class GrpcServer:
         """SERVING while the server is ready, NOT_SERVING otherwise ("" = the whole server)."""
         status = (
             health_pb2.HealthCheckResponse.SERVING
-            if self._dataplane.ready()
+            if await self._dataplane.ready()
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in ("", SERVICE_NAME):

@@ -14,16 +14,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.stream_window import StreamWindow
 from server.memory.host_pool import HostBuffer, HostBufferPool
+from server.plane import Plane
 from server.protocol import grpc_codec
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.repository.overrides import FILE_PREFIX
-from server.threads import off_loop_if_large, run_in_thread
+from server.threads import off_loop_if_large
 
 log = logging.getLogger("server.grpc")
 
@@ -88,7 +88,7 @@ def _shm_status(kind: str, response_type: Any) -> Handler[Any, Any]:
     @_unary
     async def handler(self: InferenceServicer, request: Any, context: Context) -> Any:
         response = response_type()
-        for entry in self._dataplane.shared_memory.status(kind, request.name):
+        for entry in await self._dataplane.shm_status(kind, request.name):
             response.regions[entry["name"]].CopyFrom(response_type.RegionStatus(**entry))
         return response
 
@@ -101,7 +101,7 @@ def _shm_unregister(kind: str, response_type: Any) -> Handler[Any, Any]:
 
     @_unary
     async def handler(self: InferenceServicer, request: Any, context: Context) -> Any:
-        self._dataplane.shared_memory.unregister(kind, request.name)
+        await self._dataplane.shm_unregister(kind, request.name)
         return response_type()
 
     handler.__name__ = f"{kind.capitalize()}SharedMemoryUnregister"
@@ -117,7 +117,7 @@ class InferenceServicer:
     """The V2 gRPC service, backed by the same data plane as HTTP. One coroutine per RPC of
     ``inference.GRPCInferenceService``, registered by ``server.grpc.server``."""
 
-    def __init__(self, dataplane: DataPlane, pool: HostBufferPool | None = None) -> None:
+    def __init__(self, dataplane: Plane, pool: HostBufferPool | None = None) -> None:
         """``pool`` supplies pinned buffers for the raw inputs when the server has a GPU."""
         self._dataplane = dataplane
         self._pool = pool
@@ -132,27 +132,27 @@ class InferenceServicer:
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Context
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+        return pb.ServerReadyResponse(ready=await self._dataplane.ready())
 
     @_unary
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Context
     ) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(
-            ready=self._dataplane.model_ready(request.name, request.version)
+            ready=await self._dataplane.model_ready(request.name, request.version)
         )
 
     @_unary
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Context
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
+        return pb.ServerMetadataResponse(**await self._dataplane.server_metadata())
 
     @_unary
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
-        meta = self._dataplane.model_metadata(request.name, request.version)
+        meta = await self._dataplane.model_metadata(request.name, request.version)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -167,7 +167,7 @@ class InferenceServicer:
         self, request: pb.ModelConfigRequest, context: Context
     ) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(
-            config=self._dataplane.model_config(request.name, request.version)
+            config=await self._dataplane.model_config(request.name, request.version)
         )
 
     @_unary
@@ -187,7 +187,7 @@ class InferenceServicer:
         ``ModelStreamInferResponse`` carrying it."""
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
-            spec = self._dataplane.model_spec(request.model_name, request.model_version)
+            spec = await self._dataplane.model_spec(request.model_name, request.model_version)
             pinned = self._pinned_buffer(raw)
             try:
                 # The copy into pinned memory, typed contents and BYTES elements (converted one
@@ -274,13 +274,13 @@ class InferenceServicer:
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Context
     ) -> pb.ModelStatisticsResponse:
-        return self._dataplane.statistics(request.name, request.version)
+        return await self._dataplane.statistics(request.name, request.version)
 
     @_unary
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Context
     ) -> pb.RepositoryIndexResponse:
-        entries = self._dataplane.repository_index(request.ready)
+        entries = await self._dataplane.repository_index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
         )
@@ -323,7 +323,7 @@ class InferenceServicer:
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self._dataplane.shared_memory.register_system(
+        await self._dataplane.shm_register_system(
             request.name, request.key, request.offset, request.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -332,10 +332,7 @@ class InferenceServicer:
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        # Opening an IPC handle is a blocking driver call (it may create a CUDA context).
-        await run_in_thread(
-            None,
-            self._dataplane.shared_memory.register_cuda,
+        await self._dataplane.shm_register_cuda(
             request.name,
             request.raw_handle,
             request.device_id,

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import tornado.web
 
-from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InternalError, InvalidArgument
+from server.plane import Plane
 from server.protocol.rest_codec import parse_json
 from server.settings import Settings
 
@@ -25,10 +25,10 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType]
 class BaseHandler(tornado.web.RequestHandler):
     """Gives handlers the data plane and settings, and writes errors as Triton does."""
 
-    dataplane: DataPlane
+    dataplane: Plane
     settings_: Settings
 
-    def initialize(self, dataplane: DataPlane, settings: Settings, **_: Any) -> None:
+    def initialize(self, dataplane: Plane, settings: Settings, **_: Any) -> None:
         self.dataplane = dataplane
         self.settings_ = settings
 

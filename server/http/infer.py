@@ -126,7 +126,7 @@ class InferHandler(BaseHandler):
         )
         # Resolve the model first, on the loop (where models are loaded and unloaded): an
         # unknown model or version is reported as such, whatever else is wrong with the body.
-        spec = self.dataplane.model_spec(model, version)
+        spec = await self.dataplane.model_spec(model, version)
         request = await off_loop_if_large(
             len(body), _decode, body, header_length, model, version, spec,
             self.settings_.http_max_input_size,

@@ -22,22 +22,22 @@ class LiveHandler(_HealthHandler):
 
 
 class ReadyHandler(_HealthHandler):
-    def get(self) -> None:
-        self.answer(self.dataplane.ready())
+    async def get(self) -> None:
+        self.answer(await self.dataplane.ready())
 
 
 class ServerMetadataHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self) -> None:
-        self.write_json(self.dataplane.server_metadata())
+    async def get(self) -> None:
+        self.write_json(await self.dataplane.server_metadata())
 
 
 class ModelReadyHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self, model: str, version: str | None) -> None:
-        if self.dataplane.model_ready(model, version or ""):
+    async def get(self, model: str, version: str | None) -> None:
+        if await self.dataplane.model_ready(model, version or ""):
             self.finish()
             return
         self.set_status(400)
@@ -47,12 +47,12 @@ class ModelReadyHandler(BaseHandler):
 class ModelMetadataHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self, model: str, version: str | None) -> None:
-        self.write_json(self.dataplane.model_metadata(model, version or ""))
+    async def get(self, model: str, version: str | None) -> None:
+        self.write_json(await self.dataplane.model_metadata(model, version or ""))
 
 
 class ModelConfigHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self, model: str, version: str | None) -> None:
-        self.write_json(to_json(self.dataplane.model_config(model, version or "")))
+    async def get(self, model: str, version: str | None) -> None:
+        self.write_json(to_json(await self.dataplane.model_config(model, version or "")))

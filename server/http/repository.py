@@ -20,11 +20,11 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 class RepositoryIndexHandler(BaseHandler):
     SUPPORTED_METHODS = ("POST",)
 
-    def post(self) -> None:
+    async def post(self) -> None:
         ready = self.body_object("repository index request").get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument("Invalid value for 'ready': expected a boolean")
-        self.write_json(self.dataplane.repository_index(ready))
+        self.write_json(await self.dataplane.repository_index(ready))
 
 
 class RepositoryLoadHandler(BaseHandler):
@@ -59,6 +59,6 @@ def _files(params: dict[str, Any]) -> dict[str, bytes]:
 class StatisticsHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET",)
 
-    def get(self, model: str | None = None, version: str | None = None) -> None:
-        response = self.dataplane.statistics(model or "", version or "")
+    async def get(self, model: str | None = None, version: str | None = None) -> None:
+        response = await self.dataplane.statistics(model or "", version or "")
         self.write_json(statistics_json(response))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import tornado.web
 
-from server.dataplane import DataPlane
 from server.http.base import NotFoundHandler
 from server.http.infer import InferHandler
 from server.http.metadata import (
@@ -22,6 +21,7 @@ from server.http.repository import (
 )
 from server.http.shared_memory import SharedMemoryHandler
 from server.memory.host_pool import HostBufferPool
+from server.plane import Plane
 from server.settings import Settings
 
 _MODEL = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
@@ -30,7 +30,7 @@ _SHARED_MEMORY = (
 )
 
 
-def make_app(dataplane: DataPlane, settings: Settings, pool: HostBufferPool) -> tornado.web.Application:
+def make_app(dataplane: Plane, settings: Settings, pool: HostBufferPool) -> tornado.web.Application:
     """Build the Tornado application; unknown paths are 404 and wrong methods 405, as JSON."""
     common = {"dataplane": dataplane, "settings": settings}
     return tornado.web.Application(

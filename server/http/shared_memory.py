@@ -11,7 +11,6 @@ from typing import Any
 
 from server.errors import InvalidArgument
 from server.http.base import BaseHandler, decode_b64
-from server.threads import run_in_thread
 
 _KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
 
@@ -19,33 +18,30 @@ _KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
 class SharedMemoryHandler(BaseHandler):
     SUPPORTED_METHODS = ("GET", "POST")
 
-    def get(self, extension: str, region: str | None, action: str) -> None:
+    async def get(self, extension: str, region: str | None, action: str) -> None:
         if action != "status":
             self.send_error(405)
             return
-        self.write_json(self.dataplane.shared_memory.status(_KINDS[extension], region or ""))
+        self.write_json(await self.dataplane.shm_status(_KINDS[extension], region or ""))
 
     async def post(self, extension: str, region: str | None, action: str) -> None:
         kind = _KINDS[extension]
-        registry = self.dataplane.shared_memory
+        plane = self.dataplane
         if action == "unregister":
-            registry.unregister(kind, region or "")
+            await plane.shm_unregister(kind, region or "")
         elif action == "register":
             if not region:
                 raise InvalidArgument("registering a shared memory region needs its name")
             body = self.body_object("shared memory register request")
             if kind == "system":
-                registry.register_system(
+                await plane.shm_register_system(
                     region,
                     _string(body, "key"),
                     _integer(body, "offset", 0),
                     _integer(body, "byte_size"),
                 )
             else:
-                # Opening an IPC handle is a blocking driver call (it may create a context).
-                await run_in_thread(
-                    None,
-                    registry.register_cuda,
+                await plane.shm_register_cuda(
                     region,
                     _handle(body),
                     _integer(body, "device_id"),

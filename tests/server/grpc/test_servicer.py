@@ -77,18 +77,18 @@ class FakeDataPlane(DataPlane):
         if self.failure is not None:
             raise self.failure
 
-    def model_ready(self, name: str, version: str) -> bool:
+    async def model_ready(self, name: str, version: str) -> bool:
         return True
 
-    def model_metadata(self, name: str, version: str) -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str) -> dict[str, Any]:
         self._fail()
         return {"name": name, "versions": ["1"], "platform": "p", "inputs": [], "outputs": []}
 
-    def model_spec(self, name: str, version: str) -> Any:
+    async def model_spec(self, name: str, version: str) -> Any:
         self._fail()
         return None  # decode without checking against a model
 
-    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+    async def model_config(self, name: str, version: str) -> mc.ModelConfig:
         self._fail()
         return mc.ModelConfig(name=name)
 

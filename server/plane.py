@@ -1,0 +1,57 @@
+"""The one interface the transports call: ``DataPlane`` in one process, ``ExecutorClient``
+in a front end (which asks the executor). Control calls are coroutines so that a front end can
+answer them with the executor's truth; ``live`` and ``gate`` are the answering process's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from server.generated import grpc_service_pb2 as pb
+from server.generated import model_config_pb2 as mc
+from server.protocol.model_spec import ModelSpec
+from server.protocol.types import InferRequest, InferResponse
+from server.request_gate import RequestGate
+
+
+class Plane(Protocol):
+    """What HTTP and gRPC need from the server behind them."""
+
+    gate: RequestGate
+
+    def live(self) -> bool: ...
+
+    async def ready(self) -> bool: ...
+
+    async def server_metadata(self) -> dict[str, Any]: ...
+
+    async def model_ready(self, name: str, version: str) -> bool: ...
+
+    async def model_metadata(self, name: str, version: str) -> dict[str, Any]: ...
+
+    async def model_spec(self, name: str, version: str) -> ModelSpec: ...
+
+    async def model_config(self, name: str, version: str) -> mc.ModelConfig: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]: ...
+
+    async def load_model(
+        self, name: str, config_json: str | None, files: dict[str, bytes]
+    ) -> None: ...
+
+    async def unload_model(self, name: str) -> None: ...
+
+    async def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse: ...
+
+    async def shm_status(self, kind: str, name: str) -> list[dict[str, Any]]: ...
+
+    async def shm_register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        ...
+
+    async def shm_register_cuda(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None: ...
+
+    async def shm_unregister(self, kind: str, name: str) -> None: ...
