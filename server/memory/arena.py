@@ -24,7 +24,7 @@ import mmap
 import operator
 import os
 import threading
-from typing import Self
+from typing import Self, SupportsIndex
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class Arena:
             raise ValueError("the arena is closed")
         return self._array
 
-    def view(self, offset: int, nbytes: int) -> memoryview:
+    def view(self, offset: SupportsIndex, nbytes: SupportsIndex) -> memoryview:
         """``nbytes`` of the arena from ``offset``. A descriptor that does not lie inside the
         arena (from a confused or hostile peer) is a ``ValueError``, for one request to fail."""
         whole = self._whole
