@@ -9,7 +9,9 @@ fails loudly. ``events`` records every copy and stream/device switch:
 - ``"H2D <dtype> <stream>"`` a host-to-device ``set`` (``stream`` is "stream" or "none"),
 - ``"D2D <bytes> <stream>"`` a device-to-device copy,
 - ``"to device <dtype>"`` an ``asarray`` upload, ``"to host"`` an ``asnumpy``/``get``,
-- ``"device N on|off"``, ``"stream on|off"``, ``"synchronize"``, ``"compute"``.
+- ``"device N on|off"``, ``"stream on|off"``, ``"synchronize"``, ``"compute"``,
+- ``"hostRegister <address> <bytes> <flags>"``, ``"hostUnregister <address>"`` (pinning host
+  memory; set ``host_register_error`` to an exception to make ``hostRegister`` fail with it).
 """
 
 from __future__ import annotations
@@ -124,7 +126,16 @@ class FakeCupy:
     def __init__(self) -> None:
         self.events: list[str] = []
         self.ndarray = FakeArray
+        self.host_register_error: Exception | None = None
         events = self.events
+
+        def host_register(address: int, size: int, flags: int) -> None:
+            if self.host_register_error is not None:
+                raise self.host_register_error
+            events.append(f"hostRegister {address} {size} {flags}")
+
+        def host_unregister(address: int) -> None:
+            events.append(f"hostUnregister {address}")
 
         class Device:
             def __init__(self, device_id: int = 0) -> None:
@@ -140,6 +151,7 @@ class FakeCupy:
             Device=Device,
             Stream=lambda non_blocking=False: FakeStream(events, non_blocking),
             memory=SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
+            runtime=SimpleNamespace(hostRegister=host_register, hostUnregister=host_unregister),
         )
 
     def device_array(self, array: np.ndarray, device_id: int = 0) -> FakeArray:

@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -71,6 +72,38 @@ class PoolStats:
     allocations: int  # buffers ever allocated
     reuses: int  # acquisitions served from the free lists
     pageable_fallbacks: int  # pinned wanted, pageable given (budget exhausted)
+
+
+class PooledBuffer(Protocol):
+    """What a transport holds a request body or raw inputs in: ``HostBuffer``, or an arena
+    block (``server.memory.arena.ArenaBuffer``)."""
+
+    view: memoryview  # the bytes asked for (or set by ``resize``)
+    pinned: bool
+
+    @property
+    def capacity(self) -> int: ...
+
+    def resize(self, nbytes: int) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class BufferSource(Protocol):
+    """Where transports take those buffers from: ``HostBufferPool`` in one process, an
+    ``ArenaPool`` in a front end."""
+
+    @property
+    def pins(self) -> bool: ...
+
+    @property
+    def bytes_in_use(self) -> int: ...
+
+    def footprint(self, nbytes: int | None) -> int: ...
+
+    def acquire(self, nbytes: int) -> PooledBuffer: ...
+
+    def stats(self) -> PoolStats: ...
 
 
 class HostBuffer:
