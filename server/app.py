@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
@@ -18,9 +17,8 @@ from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
-from server.http.listener import Listener
+from server.http.endpoint import Http, start_http
 from server.http.metrics import make_metrics_app
-from server.http.server import make_app
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
 from server.observability.gpu_metrics import GpuMonitor
@@ -31,7 +29,6 @@ from server.shutdown import Shutdown, exit_now
 
 log = logging.getLogger("server")
 
-_CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
 _CLOSE_TIMEOUT_SECS = 5  # for connections to close once requests are done
 
 
@@ -51,15 +48,9 @@ def _model_table(repository: ModelRepository) -> None:
             log.info("model %s version %d: %s", name, version, status)
 
 
-async def serve(settings: Settings) -> int:
-    """Run the server until a stop signal; the process exit code."""
-    shutdown = Shutdown(settings.exit_timeout_secs)
-    shutdown.install()  # a signal during the model loads stops the start-up too
-    # ONNX Runtime first: a folder with neither backend nor platform set is tried against each
-    # backend's default file in this order.
-    # One pool of host buffers for both transports' request bodies and the GPU instances'
-    # outputs: pinned memory, within one budget, when there is a GPU.
-    pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
+def build_repository(settings: Settings, pool: HostBufferPool) -> ModelRepository:
+    """The model repository with its backends. ONNX Runtime first: a folder with neither
+    backend nor platform set is tried against each backend's default file in this order."""
     backends: list[Backend] = [
         OnnxRuntimeBackend(
             settings.backend_config.get("onnxruntime"),
@@ -68,7 +59,13 @@ async def serve(settings: Settings) -> int:
         ),
         PythonBackend(pool),
     ]
-    repository = ModelRepository(settings, {backend.name: backend for backend in backends})
+    return ModelRepository(settings, {backend.name: backend for backend in backends})
+
+
+async def load_models(
+    settings: Settings, shutdown: Shutdown, repository: ModelRepository
+) -> int | None:
+    """Load the models to serve at start: None to go on serving, else the exit code."""
     try:
         loaded = await shutdown.unless_stopped(repository.load_initial(_initial_models(settings)))
     except InferenceServerError as exc:
@@ -83,12 +80,26 @@ async def serve(settings: Settings) -> int:
         log.error("error: failed to load all models; exiting (--exit-on-error=true)")
         await repository.close()
         return 1
+    return None
+
+
+async def serve(settings: Settings) -> int:
+    """Run the server in this one process until a stop signal; the process exit code."""
+    shutdown = Shutdown(settings.exit_timeout_secs)
+    shutdown.install()  # a signal during the model loads stops the start-up too
+    # One pool of host buffers for both transports' request bodies and the GPU instances'
+    # outputs: pinned memory, within one budget, when there is a GPU.
+    pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
+    repository = build_repository(settings, pool)
+    failed = await load_models(settings, shutdown, repository)
+    if failed is not None:
+        return failed
 
     dataplane = DataPlane(settings, repository, pool)
     try:
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
-        http_server = _start_http(settings, dataplane, pool) if settings.allow_http else None
-        metrics = _start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
+        http_server = start_http(settings, dataplane, pool) if settings.allow_http else None
+        metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
     except OSError as exc:  # a port in use, an address not ours
         log.error("error: %s", exc)
         await repository.close()
@@ -98,7 +109,7 @@ async def serve(settings: Settings) -> int:
         await grpc_server.start()
         log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, grpc_server.port)
     poller = (
-        asyncio.create_task(_poll_repository(repository, settings.repository_poll_secs))
+        asyncio.create_task(poll_repository(repository, settings.repository_poll_secs))
         if settings.model_control_mode == "poll"
         else None
     )
@@ -139,19 +150,10 @@ async def serve(settings: Settings) -> int:
     return 0
 
 
-class _Http:
-    """A Tornado HTTP server and the listener that accepts its connections."""
-
-    def __init__(self, server: HTTPServer, address: str, port: int, name: str) -> None:
-        self.server = server
-        self.listener = Listener(server, bind_sockets(port, address), name)
-        log.info("Started %s at %s:%d", name, address, self.listener.port)
-
-
-class _Metrics:
+class Metrics:
     """The metrics endpoint and the CPU/GPU sampler feeding it."""
 
-    def __init__(self, http: _Http, sampler: SystemSampler, task: asyncio.Task[None]):
+    def __init__(self, http: Http, sampler: SystemSampler, task: asyncio.Task[None]):
         self.http = http
         self.sampler = sampler
         self.task = task
@@ -162,7 +164,7 @@ class _Metrics:
         self.sampler.close()
 
 
-def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Metrics:
+def start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> Metrics:
     gpu = GpuMonitor.start() if settings.allow_gpu_metrics else None
     sampler = SystemSampler(settings.allow_cpu_metrics, gpu)
     histograms = settings.metrics_config.get("histogram_latencies", False)
@@ -173,7 +175,7 @@ def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPoo
             dataplane.metric_entries(), pool.stats(), sampler.latest, histograms, counters
         )
 
-    http = _Http(
+    http = Http(
         HTTPServer(make_metrics_app(page)),
         settings.metrics_address,
         settings.metrics_port,
@@ -181,31 +183,24 @@ def _start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPoo
     )
     sampler.sample()  # the first scrape already has CPU and GPU figures
     task = asyncio.create_task(sampler.run(settings.metrics_interval_ms / 1000))
-    return _Metrics(http, sampler, task)
+    return Metrics(http, sampler, task)
 
 
-async def _poll_repository(repository: ModelRepository, every_secs: int) -> None:
-    """Poll mode: rescan the repository folders every ``every_secs`` seconds."""
+async def poll_repository(
+    repository: ModelRepository,
+    every_secs: int,
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Poll mode: rescan the repository folders every ``every_secs`` seconds (then ``after``:
+    the executor tells its front ends)."""
     while True:
         await asyncio.sleep(every_secs)
         try:
             await repository.poll_once()
         except Exception:
             log.exception("repository poll failed")
-
-
-def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Http:
-    server = HTTPServer(
-        make_app(dataplane, settings, pool),
-        # Slack above the limit so that our own check, which answers 400, runs before
-        # Tornado's, which just drops the connection (chunked bodies).
-        max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
-        chunk_size=_CHUNK_SIZE,
-        max_header_size=settings.http_max_header_size,
-        idle_connection_timeout=settings.http_idle_timeout_secs,
-        body_timeout=settings.http_body_timeout_secs,
-    )
-    return _Http(server, settings.http_address, settings.http_port, "HTTPService")
+        if after is not None:
+            await after()
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:

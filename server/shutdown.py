@@ -47,10 +47,11 @@ class Shutdown:
         self._deadline: float | None = None
         self._loop = asyncio.get_running_loop()
 
-    def install(self) -> None:
-        """Take over SIGINT and SIGTERM. Plain signal handlers, not the loop's: a second
-        signal must work also after the loop has stopped, while Python joins threads."""
-        for signum in _SIGNALS:
+    def install(self, signals: tuple[signal.Signals, ...] = _SIGNALS) -> None:
+        """Take over SIGINT and SIGTERM (a child process of the supervisor: SIGTERM only).
+        Plain signal handlers, not the loop's: a second signal must work also after the loop
+        has stopped, while Python joins threads."""
+        for signum in signals:
             signal.signal(signum, self._on_signal)
 
     def remaining(self) -> float:

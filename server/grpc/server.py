@@ -75,9 +75,14 @@ def _serialize(message: Message) -> bytes:
 class GrpcServer:
     """Owns the grpc.aio server and keeps the health service in step with readiness."""
 
-    def __init__(self, dataplane: Plane, pool: HostBufferPool | None = None) -> None:
+    def __init__(
+        self, dataplane: Plane, pool: HostBufferPool | None = None, share_port: bool = False
+    ) -> None:
+        """``share_port``: several front ends listen on one port (SO_REUSEPORT)."""
         self._dataplane = dataplane
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        options = [o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport"]
+        options.append(("grpc.so_reuseport", int(share_port)))
+        self._server = grpc.aio.server(options=options)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()
         self.port = 0

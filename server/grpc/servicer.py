@@ -196,9 +196,12 @@ class InferenceServicer:
                 response = await self._dataplane.infer(decoded)
                 # The reply is new bytes: outputs that are views of the inputs are copied now,
                 # before the buffers they view are released.
-                return await off_loop_if_large(
-                    response.payload_bytes, grpc_codec.encode_response_bytes, response, stream
-                )
+                try:
+                    return await off_loop_if_large(
+                        response.payload_bytes, grpc_codec.encode_response_bytes, response, stream
+                    )
+                finally:
+                    response.release()
             finally:
                 if pinned is not None:
                     pinned.release()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 
 from server.errors import InvalidArgument, Unavailable, Unsupported
-from server.memory.host_pool import HostBuffer, HostBufferPool
+from server.memory.host_pool import BufferSource, PooledBuffer
 
 _INITIAL_CHUNKED = 1 << 16
 _ENCODINGS = ("gzip", "deflate")
@@ -50,7 +50,7 @@ def parse_content_length(value: str | None) -> int | None:
     return int(text)
 
 
-def admit(pool: HostBufferPool, nbytes: int, budget: int) -> None:
+def admit(pool: BufferSource, nbytes: int, budget: int) -> None:
     """503 unless ``nbytes`` more fit in the bodies-in-flight budget."""
     if pool.bytes_in_use + nbytes > budget:
         raise Unavailable(
@@ -63,14 +63,14 @@ class BodyReceiver:
     """Accumulates a request body in a pooled buffer, enforcing the size and chunk limits."""
 
     def __init__(
-        self, pool: HostBufferPool, limit: int, content_length: int | None, budget: int
+        self, pool: BufferSource, limit: int, content_length: int | None, budget: int
     ) -> None:
         """``budget`` is ``--http-max-inflight-bytes``: a chunked body grows only within it."""
         self._pool = pool
         self._limit = limit
         self._budget = budget
         self._fixed = content_length is not None
-        self._buffer: HostBuffer | None = pool.acquire(
+        self._buffer: PooledBuffer | None = pool.acquire(
             content_length if content_length is not None else _INITIAL_CHUNKED
         )
         self.received = 0
@@ -94,7 +94,7 @@ class BodyReceiver:
         buffer.view[self.received : end] = chunk
         self.received = end
 
-    def _grow(self, needed: int) -> HostBuffer:
+    def _grow(self, needed: int) -> PooledBuffer:
         old = self._require()
         size = max(needed, 2 * old.capacity)
         # The old buffer goes back as soon as the new one holds its bytes.
@@ -105,7 +105,7 @@ class BodyReceiver:
         self._buffer = new
         return new
 
-    def _require(self) -> HostBuffer:
+    def _require(self) -> PooledBuffer:
         if self._buffer is None:
             raise RuntimeError("body buffer used after release")
         return self._buffer

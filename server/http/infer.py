@@ -16,7 +16,7 @@ import tornado.web
 from server.errors import InferenceServerError, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import BaseHandler, log
-from server.memory.host_pool import HostBufferPool
+from server.memory.host_pool import BufferSource
 from server.protocol import binary, rest_codec
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
@@ -30,9 +30,9 @@ _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is re
 class InferHandler(BaseHandler):
     SUPPORTED_METHODS = ("POST",)
 
-    pool: HostBufferPool
+    pool: BufferSource
 
-    def initialize(self, pool: HostBufferPool, **kwargs: Any) -> None:  # type: ignore[override]
+    def initialize(self, pool: BufferSource, **kwargs: Any) -> None:  # type: ignore[override]
         super().initialize(**kwargs)
         self.pool = pool
         self._receiver: http_body.BodyReceiver | None = None
@@ -133,10 +133,13 @@ class InferHandler(BaseHandler):
         )
         self._request_id = request.id
         response = await self.dataplane.infer(request)
-        encoded = await off_loop_if_large(
-            response.payload_bytes, rest_codec.encode_response, response, request
-        )
-        await self._write_response(encoded)
+        try:
+            encoded = await off_loop_if_large(
+                response.payload_bytes, rest_codec.encode_response, response, request
+            )
+            await self._write_response(encoded)
+        finally:
+            response.release()
 
     async def _write_response(self, encoded: rest_codec.EncodedResponse) -> None:
         if encoded.binary:

@@ -20,7 +20,7 @@ from server.http.repository import (
     StatisticsHandler,
 )
 from server.http.shared_memory import SharedMemoryHandler
-from server.memory.host_pool import HostBufferPool
+from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.settings import Settings
 
@@ -30,7 +30,7 @@ _SHARED_MEMORY = (
 )
 
 
-def make_app(dataplane: Plane, settings: Settings, pool: HostBufferPool) -> tornado.web.Application:
+def make_app(dataplane: Plane, settings: Settings, pool: BufferSource) -> tornado.web.Application:
     """Build the Tornado application; unknown paths are 404 and wrong methods 405, as JSON."""
     common = {"dataplane": dataplane, "settings": settings}
     return tornado.web.Application(

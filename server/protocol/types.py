@@ -7,6 +7,7 @@ request buffer (never Python lists).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,14 @@ class InferResponse:
     outputs: list[OutputTensor]
     id: str | None = None
     parameters: Parameters = field(default_factory=dict)
+    #: returns the memory the outputs view (a front end's view of the executor's arena)
+    on_release: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        """The transport has written the response: the outputs' memory may be reused."""
+        if self.on_release is not None:
+            self.on_release()
+            self.on_release = None
 
     @property
     def payload_bytes(self) -> int:

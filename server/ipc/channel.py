@@ -1,0 +1,172 @@
+"""A framed message channel over a connected AF_UNIX stream socket.
+
+Frames are a 4-byte little-endian length and a msgpack body. Reads land in one preallocated
+buffer (``BufferedProtocol``: no ``bytes`` per read); writes queued in one loop iteration go
+out in one ``write``: at 8 requests in flight that is a fraction of the per-message cost
+(scale-out facts, "IPC"). The first message of a connection travels with an fd
+(``SCM_RIGHTS``), exchanged on the blocking socket before the channel takes it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+log = logging.getLogger("server.ipc")
+
+Message = TypeVar("Message")
+_LENGTH = struct.Struct("<I")
+_INITIAL_BUFFER = 1 << 20
+#: Frames larger than this are a bug of the peer: the connection is dropped.
+MAX_FRAME = 1 << 31
+_HANDSHAKE_BYTES = 4096
+
+
+def send_hello(sock: socket.socket, body: bytes, fd: int) -> None:
+    """The first message, with ``fd`` attached (blocking socket)."""
+    socket.send_fds(sock, [_LENGTH.pack(len(body)) + body], [fd])
+
+
+def receive_hello(sock: socket.socket) -> tuple[bytes, int]:
+    """The first message and the fd that came with it (blocking socket, with a timeout)."""
+    data, fds, _flags, _address = socket.recv_fds(sock, _HANDSHAKE_BYTES, 1)
+    if len(data) < _LENGTH.size or not fds:
+        for fd in fds:
+            socket.close(fd)
+        raise ConnectionError("the peer did not introduce itself")
+    (length,) = _LENGTH.unpack_from(data)
+    if length != len(data) - _LENGTH.size:
+        socket.close(fds[0])
+        raise ConnectionError("malformed introduction")
+    return data[_LENGTH.size :], fds[0]
+
+
+class Channel(asyncio.BufferedProtocol, Generic[Message]):
+    """Delivers each decoded message to ``on_message``; ``on_lost`` once, when the connection
+    ends (peer gone, or an undecodable frame)."""
+
+    def __init__(
+        self,
+        decoder: msgspec.msgpack.Decoder[Message],
+        on_message: Callable[[Message], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._decoder = decoder
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._encoder = msgspec.msgpack.Encoder()
+        self._buffer = bytearray(_INITIAL_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._filled = 0
+        self._transport: asyncio.Transport | None = None
+        self._queued: list[bytes] = []
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self.closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        sock: socket.socket,
+        decoder: msgspec.msgpack.Decoder[Message],
+        on_message: Callable[[Message], None],
+        on_lost: Callable[[], None],
+    ) -> Channel[Message]:
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        _transport, channel = await loop.connect_accepted_socket(
+            lambda: cls(decoder, on_message, on_lost), sock
+        )
+        return channel
+
+    # --- writing --------------------------------------------------------------------------
+
+    def send(self, message: Any) -> None:
+        """Queue ``message``; everything queued in this loop iteration is written together."""
+        if self.closed:
+            return
+        body = self._encoder.encode(message)
+        self._queued.append(_LENGTH.pack(len(body)))
+        self._queued.append(body)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._transport is None or self.closed or not self._queued:
+            self._queued.clear()
+            return
+        data = b"".join(self._queued)
+        self._queued.clear()
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._flush()
+            self._transport.close()
+
+    # --- reading --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._filled == len(self._buffer):
+            self._grow(len(self._buffer) * 2)
+        return self._view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        start = 0
+        view = self._view
+        try:
+            while self._filled - start >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(view, start)
+                end = start + _LENGTH.size + length
+                if end > self._filled:  # the rest of this frame is still to come
+                    if length > MAX_FRAME:
+                        raise ValueError(f"frame of {length} bytes")
+                    needed = _LENGTH.size + length
+                    if needed > len(self._buffer):
+                        self._compact(start)
+                        start = 0
+                        self._grow(needed)
+                    break
+                message = self._decoder.decode(view[start + _LENGTH.size : end])
+                start = end
+                self._on_message(message)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            log.error("dropping a connection that sent an undecodable message: %s", exc)
+            self.closed = True
+            if self._transport is not None:
+                self._transport.close()
+            return
+        self._compact(start)
+
+    def _compact(self, start: int) -> None:
+        if start == 0:
+            return
+        remaining = self._filled - start
+        if remaining:
+            self._view[:remaining] = self._view[start : self._filled]
+        self._filled = remaining
+
+    def _grow(self, size: int) -> None:
+        bigger = bytearray(max(size, len(self._buffer)))
+        bigger[: self._filled] = self._view[: self._filled]
+        self._view.release()
+        self._buffer = bigger
+        self._view = memoryview(bigger)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._queued.clear()
+        self._on_lost()

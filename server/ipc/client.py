@@ -1,0 +1,255 @@
+"""The front end's data plane: every call is answered by the executor.
+
+Inference requests go out as descriptors (``tensors``), and come back as views of the
+executor's output arena, released once the transport has written the response
+(``InferResponse.release``). Control calls are forwarded; the only state kept here is a cache
+of model specs (for decoding), dropped whenever the executor says models changed, before that
+change is reported to any client. When the executor goes away every pending request fails
+with UNAVAILABLE at once and the front end stops being ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from typing import Any
+
+import numpy as np
+
+from server import errors
+from server.errors import InferenceServerError, InternalError, Unavailable
+from server.generated import grpc_service_pb2 as pb
+from server.generated import model_config_pb2 as mc
+from server.ipc import messages as m
+from server.ipc.channel import Channel, receive_hello, send_hello
+from server.ipc.tensors import Outbox, pack, shm_ref, shm_tuple, unpack
+from server.protocol.model_spec import ModelSpec
+from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.request_gate import RequestGate
+
+log = logging.getLogger("server.ipc")
+
+EXECUTOR_GONE = "the server's executor process has stopped"
+
+
+def error_from(name: str, message: str) -> InferenceServerError:
+    """The error the executor raised, as the same class here (its texts unchanged)."""
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, InferenceServerError):
+        return kind(message)
+    return InternalError(message)
+
+
+class ExecutorClient:
+    """``server.plane.Plane`` for a front end."""
+
+    def __init__(self, outbox: Outbox, free: Any) -> None:
+        """``outbox`` is this front end's arena; ``free(offset)`` returns one of its blocks."""
+        self.gate = RequestGate()
+        self._outbox = outbox
+        self._free = free
+        self._channel: Channel[m.ToFrontEnd] | None = None
+        self._peer = np.empty(0, dtype=np.uint8)  # the executor's output arena
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._specs: dict[tuple[str, str], ModelSpec] = {}
+        self._connected = False
+        self.lost = asyncio.Event()
+
+    async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
+        """Introduce this front end (and its arena) to the executor at ``path``, map the
+        executor's output arena, and start reading."""
+        from server.memory.arena import Arena
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(None)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sock.connect, path)
+        hello = m.encoder().encode(m.Hello("frontend", index, arena_bytes))
+        await loop.run_in_executor(None, send_hello, sock, hello, arena_fd)
+        body, fd = await loop.run_in_executor(None, receive_hello, sock)
+        reply = m.decode_hello(body)
+        self._peer_arena = Arena.attach(fd, reply.arena_bytes, writable=False)
+        self._peer = self._peer_arena.array
+        self._channel = await Channel.open(
+            sock, m.to_front_end_decoder(), self._on_message, self._on_lost
+        )
+        self._connected = True
+
+    def close(self) -> None:
+        self._connected = False  # our own doing: not worth an error line
+        if self._channel is not None:
+            self._channel.close()
+
+    # --- the channel ----------------------------------------------------------------------
+
+    def _on_message(self, message: m.ToFrontEnd) -> None:
+        if isinstance(message, m.Invalidate):
+            self._specs.clear()
+            assert self._channel is not None
+            self._channel.send(m.Acknowledge(message.id))
+            return
+        future = self._pending.pop(message.id, None)
+        if future is None or future.done():
+            if isinstance(message, m.Done):  # its request was given up: free its outputs
+                self._release_outputs(message)
+            return
+        future.set_result(message)
+
+    def _on_lost(self) -> None:
+        if self._connected:
+            log.error("%s: failing %d pending requests", EXECUTOR_GONE, len(self._pending))
+        self._connected = False
+        self._specs.clear()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(Unavailable(EXECUTOR_GONE))
+        self.lost.set()
+
+    async def _ask(self, message: Any, call_id: int) -> Any:
+        if not self._connected or self._channel is None:
+            raise Unavailable(EXECUTOR_GONE)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        self._channel.send(message)
+        return await future
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        call_id = next(self._ids)
+        reply = await self._ask(m.Call(call_id, method, list(args)), call_id)
+        if isinstance(reply, m.Failed):
+            raise error_from(reply.error, reply.message)
+        return reply.value
+
+    def _release_outputs(self, done: m.Done) -> None:
+        offsets = [t.offset for t in done.outputs if t.offset >= 0 and t.inline is None]
+        if offsets and self._channel is not None:
+            self._channel.send(m.Release(offsets))
+
+    # --- Plane ----------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return self._connected
+
+    async def ready(self) -> bool:
+        if not self._connected or self.gate.closed:
+            return False
+        return bool(await self._call("ready"))
+
+    async def server_metadata(self) -> dict[str, Any]:
+        value: dict[str, Any] = await self._call("server_metadata")
+        return value
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        return bool(await self._call("model_ready", name, version))
+
+    async def model_metadata(self, name: str, version: str) -> dict[str, Any]:
+        value: dict[str, Any] = await self._call("model_metadata", name, version)
+        return value
+
+    async def model_spec(self, name: str, version: str) -> ModelSpec:
+        key = (name, version)
+        spec = self._specs.get(key)
+        if spec is None:
+            config = mc.ModelConfig.FromString(await self._call("model_config", name, version))
+            spec = ModelSpec.from_config(config)
+            if self._connected:
+                self._specs[key] = spec
+        return spec
+
+    async def model_config(self, name: str, version: str) -> mc.ModelConfig:
+        return mc.ModelConfig.FromString(await self._call("model_config", name, version))
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+        value: list[dict[str, Any]] = await self._call("repository_index", ready_only)
+        return value
+
+    async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
+        await self._call("load_model", name, config_json, files)
+
+    async def unload_model(self, name: str) -> None:
+        await self._call("unload_model", name)
+
+    async def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+        return pb.ModelStatisticsResponse.FromString(await self._call("statistics", name, version))
+
+    async def shm_status(self, kind: str, name: str) -> list[dict[str, Any]]:
+        value: list[dict[str, Any]] = await self._call("shm_status", kind, name)
+        return value
+
+    async def shm_register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._call("shm_register_system", name, key, offset, byte_size)
+
+    async def shm_register_cuda(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        await self._call("shm_register_cuda", name, raw_handle, device_id, byte_size)
+
+    async def shm_unregister(self, kind: str, name: str) -> None:
+        await self._call("shm_unregister", kind, name)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` in the executor. Blocks this sends copies into the arena are freed
+        on the executor's final answer, never before (it may be reading them), also when the
+        client goes away meanwhile (then the executor is told to drop the request)."""
+        owned: list[int] = []
+        try:
+            message = self._describe(request, owned)
+            reply = await self._ask(message, message.id)
+        except asyncio.CancelledError:
+            if owned or message.id in self._pending:
+                await self._abandon(message.id)
+            raise
+        finally:
+            for offset in owned:
+                self._free(offset)
+        if isinstance(reply, m.Failed):
+            raise error_from(reply.error, reply.message)
+        return self._response(reply)
+
+    async def _abandon(self, call_id: int) -> None:
+        """Tell the executor to drop request ``call_id`` and wait for its final answer."""
+        future = self._pending.get(call_id)
+        if future is None or self._channel is None:
+            return
+        self._channel.send(m.Cancel(call_id))
+        try:
+            reply = await asyncio.shield(future)
+        except (InferenceServerError, asyncio.CancelledError):
+            return
+        if isinstance(reply, m.Done):
+            self._release_outputs(reply)
+
+    def _describe(self, request: InferRequest, owned: list[int]) -> m.Infer:
+        inputs = [
+            pack(t.name, t.datatype, t.shape, t.data, t.parameters, t.shared_memory,
+                 self._outbox, owned)
+            for t in request.inputs
+        ]
+        outputs = None
+        if request.outputs is not None:
+            outputs = [
+                m.Wanted(o.name, o.parameters, shm_tuple(o.shared_memory))
+                for o in request.outputs
+            ]
+        return m.Infer(
+            next(self._ids), request.model_name, request.model_version, request.id,
+            request.parameters, inputs, outputs,
+        )
+
+    def _response(self, done: m.Done) -> InferResponse:
+        outputs = []
+        for tensor in done.outputs:
+            datatype, shape, data = unpack(tensor, self._peer, done.model_name)
+            if data is None:  # written into a shared memory region: no data in the response
+                data = np.empty(0, dtype=datatype.dtype)
+            outputs.append(OutputTensor(tensor.name, datatype, shape, data, shm_ref(tensor.shm)))
+        response = InferResponse(
+            done.model_name, done.model_version, outputs, done.response_id, done.parameters
+        )
+        if any(t.offset >= 0 and t.inline is None for t in done.outputs):
+            response.on_release = lambda: self._release_outputs(done)
+        return response

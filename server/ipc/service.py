@@ -1,0 +1,240 @@
+"""The executor's side of the seam: serves every front end's connection from one DataPlane.
+
+Each connection brings the front end's arena (mapped here to view request tensors in place)
+and gets an output arena of its own, into which large results are copied once; both are
+unmapped when the connection has ended and its last request has finished. Requests run as
+tasks, so a ``Cancel`` stops one that is still queued (it counts as CANCELED, as in one
+process). Model loads and unloads are reported to every front end, and acknowledged by each,
+before the call that made them returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from server.dataplane import DataPlane
+from server.errors import InferenceServerError, InternalError
+from server.ipc import messages as m
+from server.ipc.channel import Channel, receive_hello, send_hello
+from server.ipc.tensors import Outbox, pack, shm_ref, unpack
+from server.memory.arena import Arena, ArenaAllocator
+from server.protocol.types import SHARED_MEMORY_PENDING, InferRequest, InputTensor, RequestedOutput
+
+log = logging.getLogger("server.ipc")
+
+_HANDSHAKE_TIMEOUT_S = 10.0
+_ACK_TIMEOUT_S = 5.0
+#: Control calls a front end may make, and how each result travels.
+_CALLS = {
+    "ready": None,
+    "server_metadata": None,
+    "model_ready": None,
+    "model_metadata": None,
+    "model_config": "serialize",
+    "repository_index": None,
+    "load_model": "changes",
+    "unload_model": "changes",
+    "statistics": "serialize",
+    "shm_status": None,
+    "shm_register_system": None,
+    "shm_register_cuda": None,
+    "shm_unregister": None,
+}
+
+
+class _Connection:
+    """One front end: its channel, its arena, our output arena, its running requests."""
+
+    def __init__(self, index: int, peer: Arena, out: Arena) -> None:
+        self.index = index
+        self.peer = peer
+        self.out = out
+        self.allocator = ArenaAllocator(out.size)
+        self.outbox = Outbox(out.array, self.allocator.allocate)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.channel: Channel[m.ToExecutor] | None = None
+        self.lost = False
+
+    def send(self, message: Any) -> None:
+        if self.channel is not None:
+            self.channel.send(message)
+
+    def close_when_idle(self) -> None:
+        if self.lost and not self.tasks:
+            self.peer.close()
+            self.out.close()
+
+
+class ExecutorService:
+    def __init__(self, dataplane: DataPlane, output_arena_bytes: int) -> None:
+        self._dataplane = dataplane
+        self._output_bytes = output_arena_bytes
+        self._connections: set[_Connection] = set()
+        self._acks: dict[int, asyncio.Future[None]] = {}
+        self._next_ack = 0
+        self._calls: set[asyncio.Task[None]] = set()
+        self.on_connected: Any = None  # called with each new connection's arena (CUDA pinning)
+
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept front ends on ``listener`` until cancelled."""
+        loop = asyncio.get_running_loop()
+        listener.setblocking(False)
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            task = asyncio.create_task(self._welcome(sock))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _welcome(self, sock: socket.socket) -> None:
+        sock.setblocking(True)
+        sock.settimeout(_HANDSHAKE_TIMEOUT_S)
+        try:
+            body, fd = await asyncio.to_thread(receive_hello, sock)
+            hello = m.decode_hello(body)
+            peer = Arena.attach(fd, hello.arena_bytes, writable=True)
+            out = await asyncio.to_thread(Arena.create, self._output_bytes)
+            reply = m.encoder().encode(m.Hello("executor", 0, out.size))
+            await asyncio.to_thread(send_hello, sock, reply, out.fd)
+        except (OSError, ConnectionError, m.DecodeError, ValueError) as exc:
+            log.error("a front end failed to connect: %s", exc)
+            sock.close()
+            return
+        connection = _Connection(hello.index, peer, out)
+        if self.on_connected is not None:
+            self.on_connected(peer)
+        connection.channel = await Channel.open(
+            sock,
+            m.to_executor_decoder(),
+            lambda message: self._on_message(connection, message),
+            lambda: self._on_lost(connection),
+        )
+        self._connections.add(connection)
+        log.debug("front end %d connected", hello.index)
+
+    def _on_lost(self, connection: _Connection) -> None:
+        """The front end is gone: nobody will read its answers; stop its requests."""
+        log.debug("front end %d disconnected", connection.index)
+        self._connections.discard(connection)
+        connection.lost = True
+        connection.channel = None
+        for task in connection.tasks.values():
+            task.cancel()
+        connection.close_when_idle()
+
+    def _on_message(self, connection: _Connection, message: m.ToExecutor) -> None:
+        if isinstance(message, m.Infer):
+            task = asyncio.create_task(self._infer(connection, message))
+            connection.tasks[message.id] = task
+        elif isinstance(message, m.Cancel):
+            running = connection.tasks.get(message.id)
+            if running is not None:
+                running.cancel()
+        elif isinstance(message, m.Release):
+            for offset in message.offsets:
+                try:
+                    connection.allocator.free(offset)
+                except ValueError:
+                    log.error("front end %d released unknown block %d", connection.index, offset)
+        elif isinstance(message, m.Call):
+            task = asyncio.create_task(self._call(connection, message))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+        elif isinstance(message, m.Acknowledge):
+            waiting = self._acks.pop(message.id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+    async def _infer(self, connection: _Connection, message: m.Infer) -> None:
+        try:
+            request = self._request(connection, message)
+            response = await self._dataplane.infer(request)
+            owned: list[int] = []
+            outputs = [
+                pack(o.name, o.datatype, o.shape, None if o.shared_memory else o.data, {},
+                     o.shared_memory, connection.outbox, owned)
+                for o in response.outputs
+            ]
+            connection.send(
+                m.Done(message.id, response.model_name, response.model_version, response.id,
+                       response.parameters, outputs)
+            )
+            if connection.lost:
+                for offset in owned:
+                    connection.allocator.free(offset)
+        except asyncio.CancelledError:
+            connection.send(m.Failed(message.id, "Unavailable", "the request was cancelled"))
+        except InferenceServerError as exc:
+            connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
+        except Exception as exc:
+            log.exception("request %d of front end %d failed", message.id, connection.index)
+            connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
+        finally:
+            connection.tasks.pop(message.id, None)
+            connection.close_when_idle()
+
+    def _request(self, connection: _Connection, message: m.Infer) -> InferRequest:
+        inputs = []
+        for tensor in message.inputs:
+            datatype, shape, data = unpack(tensor, connection.peer.array, message.model)
+            inputs.append(
+                InputTensor(
+                    tensor.name, datatype, shape,
+                    SHARED_MEMORY_PENDING if data is None else data,
+                    tensor.parameters, shm_ref(tensor.shm),
+                )
+            )
+        outputs = None
+        if message.outputs is not None:
+            outputs = [
+                RequestedOutput(o.name, o.parameters, shm_ref(o.shm)) for o in message.outputs
+            ]
+        return InferRequest(
+            message.model, message.version, inputs, outputs, message.request_id,
+            message.parameters,
+        )
+
+    async def _call(self, connection: _Connection, message: m.Call) -> None:
+        kind = _CALLS.get(message.method, "unknown")
+        try:
+            if kind == "unknown":
+                raise InternalError(f"unknown executor call '{message.method}'")
+            method = getattr(self._dataplane, message.method)
+            try:
+                value = await method(*message.args)
+            finally:
+                if kind == "changes":
+                    await self.invalidate()
+            if kind == "serialize":
+                value = value.SerializeToString()
+            connection.send(m.Returned(message.id, value))
+        except InferenceServerError as exc:
+            connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
+        except Exception as exc:
+            log.exception("executor call %s failed", message.method)
+            connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
+
+    async def invalidate(self, wait: bool = True) -> None:
+        """Tell every front end that models changed; with ``wait``, return once each has
+        dropped its cached specs (or stopped answering for ``_ACK_TIMEOUT_S``)."""
+        waiting = []
+        for connection in list(self._connections):
+            self._next_ack += 1
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._acks[self._next_ack] = future
+            connection.send(m.Invalidate(self._next_ack))
+            waiting.append(future)
+        if wait and waiting:
+            await asyncio.wait(waiting, timeout=_ACK_TIMEOUT_S)
+        for future in waiting:
+            if not future.done():
+                future.cancel()
+
+    def close(self) -> None:
+        for connection in list(self._connections):
+            if connection.channel is not None:
+                connection.channel.close()
+        for task in list(self._calls):
+            task.cancel()

@@ -1,0 +1,114 @@
+"""Tensors to descriptors and back.
+
+The sender of a tensor leaves it where it is when it already lies in its own arena (an HTTP
+body received into it), copies it into a block of its arena when it is large, and sends small
+ones and BYTES inline. The receiver views the sender's arena at the descriptor's offset: no
+copy. A descriptor that does not fit the arena or its shape is a bug of the sender and fails
+that request alone (``InternalError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from server.errors import InternalError
+from server.ipc.messages import INLINE_BYTES, Tensor
+from server.protocol.binary import deserialize_bytes, serialize_bytes
+from server.protocol.datatypes import BY_NAME, DataType
+from server.protocol.shapes import element_count
+from server.protocol.shared_memory_params import SharedMemoryRef
+from server.protocol.types import Parameters
+
+#: Allocates a block of this many bytes of the sender's arena: its offset, None when full.
+Allocate = Callable[[int], "int | None"]
+
+
+class Outbox:
+    """The sender's side of its arena: ``whole`` is the mapping, ``allocate`` its allocator."""
+
+    def __init__(self, whole: np.ndarray, allocate: Allocate) -> None:
+        self.whole = whole
+        self._allocate = allocate
+        self._start = int(whole.ctypes.data)
+        self._end = self._start + whole.nbytes
+
+    def offset_of(self, data: np.ndarray) -> int | None:
+        """Where ``data`` lies in the arena, when it lies there as one contiguous run."""
+        if not data.flags.c_contiguous:
+            return None
+        start = int(data.ctypes.data) if data.nbytes else 0
+        if self._start <= start and start + data.nbytes <= self._end:
+            return start - self._start
+        return None
+
+    def store(self, data: np.ndarray) -> int | None:
+        """Copy ``data`` into a new block: its offset (the caller frees it), None when full."""
+        offset = self._allocate(data.nbytes)
+        if offset is not None:
+            target = self.whole[offset : offset + data.nbytes].view(data.dtype)
+            np.copyto(target.reshape(data.shape), data, casting="no")
+        return offset
+
+
+def shm_tuple(ref: SharedMemoryRef | None) -> tuple[str, int, int] | None:
+    return None if ref is None else (ref.region, ref.offset, ref.byte_size)
+
+
+def shm_ref(value: tuple[str, int, int] | None) -> SharedMemoryRef | None:
+    return None if value is None else SharedMemoryRef(*value)
+
+
+def pack(
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    data: np.ndarray | None,
+    parameters: Parameters,
+    shm: SharedMemoryRef | None,
+    outbox: Outbox,
+    owned: list[int],
+) -> Tensor:
+    """The descriptor of one tensor; blocks it had to allocate are appended to ``owned``."""
+    dims = list(shape)
+    if shm is not None or data is None:
+        return Tensor(name, datatype.name, dims, parameters, shm=shm_tuple(shm))
+    if datatype.is_bytes:
+        return Tensor(name, datatype.name, dims, parameters, inline=serialize_bytes(data))
+    if data.dtype.byteorder == ">":
+        data = data.astype(data.dtype.newbyteorder("<"))
+    if data.nbytes <= INLINE_BYTES:
+        return Tensor(name, datatype.name, dims, parameters, inline=data.tobytes())
+    offset = outbox.offset_of(data)
+    if offset is None:
+        offset = outbox.store(np.ascontiguousarray(data))
+        if offset is None:  # the arena is full: the bytes go through the socket
+            return Tensor(name, datatype.name, dims, parameters, inline=data.tobytes())
+        owned.append(offset)
+    return Tensor(name, datatype.name, dims, parameters, offset=offset, nbytes=data.nbytes)
+
+
+def unpack(tensor: Tensor, peer: np.ndarray, model: str) -> tuple[DataType, tuple[int, ...], np.ndarray | None]:
+    """Datatype, shape and data (None: in a client's shared memory region) of a descriptor;
+    the data views ``peer`` (the sender's arena) or the message's inline bytes."""
+    datatype = BY_NAME.get(tensor.datatype)
+    shape = tuple(tensor.shape)
+    if datatype is None or any(d < 0 for d in shape):
+        raise InternalError(f"malformed tensor descriptor for '{tensor.name}'")
+    if tensor.shm is not None:
+        return datatype, shape, None
+    count = element_count(shape)
+    if tensor.inline is not None:
+        if datatype.is_bytes:
+            data = deserialize_bytes(memoryview(tensor.inline), count, tensor.name, model)
+            return datatype, shape, data.reshape(shape)
+        raw: np.ndarray = np.frombuffer(tensor.inline, dtype=np.uint8)
+    else:
+        end = tensor.offset + tensor.nbytes
+        if tensor.offset < 0 or end > peer.nbytes:
+            raise InternalError(f"tensor descriptor for '{tensor.name}' lies outside the arena")
+        raw = peer[tensor.offset : end]
+    if datatype.is_bytes or raw.nbytes != count * datatype.itemsize:
+        raise InternalError(f"tensor descriptor for '{tensor.name}' does not match its shape")
+    return datatype, shape, raw.view(datatype.dtype).reshape(shape)
