@@ -128,6 +128,7 @@ class ExecutorService:
         if isinstance(message, m.Infer):
             task = asyncio.create_task(self._infer(connection, message))
             connection.tasks[message.id] = task
+            task.add_done_callback(lambda done: self._finished(connection, message.id, done))
         elif isinstance(message, m.Cancel):
             running = connection.tasks.get(message.id)
             if running is not None:
@@ -164,16 +165,19 @@ class ExecutorService:
             if connection.lost:
                 for offset in owned:
                     connection.allocator.free(offset)
-        except asyncio.CancelledError:
-            connection.send(m.Failed(message.id, "Unavailable", "the request was cancelled"))
         except InferenceServerError as exc:
             connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
         except Exception as exc:
             log.exception("request %d of front end %d failed", message.id, connection.index)
             connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
-        finally:
-            connection.tasks.pop(message.id, None)
-            connection.close_when_idle()
+
+    @staticmethod
+    def _finished(connection: _Connection, request: int, task: asyncio.Task[None]) -> None:
+        """Every request gets a final answer, also one cancelled before it ever ran."""
+        connection.tasks.pop(request, None)
+        if task.cancelled():
+            connection.send(m.Failed(request, "Unavailable", "the request was cancelled"))
+        connection.close_when_idle()
 
     def _request(self, connection: _Connection, message: m.Infer) -> InferRequest:
         inputs = []
@@ -219,18 +223,20 @@ class ExecutorService:
     async def invalidate(self, wait: bool = True) -> None:
         """Tell every front end that models changed; with ``wait``, return once each has
         dropped its cached specs (or stopped answering for ``_ACK_TIMEOUT_S``)."""
-        waiting = []
+        waiting: dict[int, asyncio.Future[None]] = {}
         for connection in list(self._connections):
             self._next_ack += 1
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._acks[self._next_ack] = future
+            waiting[self._next_ack] = asyncio.get_running_loop().create_future()
             connection.send(m.Invalidate(self._next_ack))
-            waiting.append(future)
-        if wait and waiting:
-            await asyncio.wait(waiting, timeout=_ACK_TIMEOUT_S)
-        for future in waiting:
-            if not future.done():
-                future.cancel()
+        if not wait:
+            return
+        self._acks.update(waiting)
+        try:
+            if waiting:
+                await asyncio.wait(waiting.values(), timeout=_ACK_TIMEOUT_S)
+        finally:
+            for ack in waiting:
+                self._acks.pop(ack, None)
 
     def close(self) -> None:
         for connection in list(self._connections):
