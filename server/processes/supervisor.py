@@ -62,6 +62,7 @@ KILL_SLACK_SECS = 0.5
 #: (``server.shutdown``): the stop was asked for; the log says what was cut.
 SECOND_SIGNAL_STATUS = 0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_UNIX_PATH_ROOM = 100  # an AF_UNIX socket path holds 107 bytes; "/control" takes 8
 
 
 def run(
@@ -98,7 +99,10 @@ class _Sockets:
         self.http: socket.socket | None = None
         self.grpc: socket.socket | None = None
         self.control: socket.socket | None = None
-        self.folder = tempfile.mkdtemp(prefix="tensorgate-")
+        self.folder = tempfile.mkdtemp(prefix="tensorgate-")  # mode 0700: ours alone
+        if len(os.fsencode(self.folder)) > _UNIX_PATH_ROOM:  # $TMPDIR too deep for a socket
+            os.rmdir(self.folder)
+            self.folder = tempfile.mkdtemp(prefix="tensorgate-", dir="/tmp")
         self.control_path = os.path.join(self.folder, "control")
         try:
             if settings.allow_http:
