@@ -58,7 +58,11 @@ class Supervised:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", RUNNER, *argv],
             cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "FAKE_CHILD_DIR": str(folder), **env},
+            env={
+                **os.environ, "PYTHONUNBUFFERED": "1", "FAKE_CHILD_DIR": str(folder),
+                # the control socket's folder: inside the test's, also when a kill leaves it
+                "TMPDIR": str(folder.parent), **env,
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -310,8 +314,8 @@ def test_a_signal_during_the_executor_start_up_stops_it(start: Start) -> None:
     server.assert_no_child_left()
 
 
-def test_children_die_with_the_supervisor(start: Start, tmp_path: Path) -> None:
-    server = start(TMPDIR=str(tmp_path))  # the folder of its control socket stays behind
+def test_children_die_with_the_supervisor(start: Start) -> None:
+    server = start()
     server.started()
     pids = server.all_pids()
     assert len(pids) == 3 and all(_alive(pid) for pid in pids)
