@@ -2,7 +2,7 @@
 
 import sys
 
-from server.app import main
+from server.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

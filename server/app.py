@@ -12,8 +12,6 @@ from tornado.httpserver import HTTPServer
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
-from server import logs
-from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
@@ -210,7 +208,8 @@ def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: ``tensorgate --model-repository=PATH ...``."""
-    settings = parse_settings(argv)
-    logs.configure(settings)
-    return asyncio.run(serve(settings))
+    """The ``tensorgate`` command (``server.main.main``): this one-process server with
+    ``--frontends=0``, the supervisor otherwise."""
+    from server.main import main as dispatch
+
+    return dispatch(argv)

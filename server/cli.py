@@ -44,6 +44,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _frontends(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid --frontends {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"--frontends {count} is negative")
+    return count
+
+
 def _backend_config(text: str) -> tuple[str, str, str]:
     backend, sep, setting = text.partition(",")
     key, eq, value = setting.partition("=")
@@ -179,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
          metavar="GPU:BYTES",
          help="Device memory pool limit of one GPU; repeatable "
               f"(default: {DEFAULT_CUDA_POOL_BYTES} per GPU)")
+    flag("--frontends", type=_frontends, default=None, metavar="N",
+         help="Front-end processes (HTTP and gRPC) feeding one executor process that owns the "
+              "models; 0 serves everything in one process (default: one per usable core, at "
+              "least 2; 0 on a single core)")
     flag("--log-verbose", type=int, default=0, metavar="N",
          help="Verbose logging level; 0 is off, 1 logs every request (default: 0)")
     flag("--log-format", choices=("default", "ISO8601"), default="default",
@@ -253,4 +267,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         allow_client_shm=args.allow_client_shm,
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
+        frontends=args.frontends,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT_SIZE
@@ -11,6 +12,12 @@ DEFAULT_HTTP_BODY_TIMEOUT_SECS = 300  # a 64 MiB body at 2 Mbit/s still arrives
 DEFAULT_HTTP_MAX_INFLIGHT_BYTES = 1 << 30  # all request bodies held at once
 DEFAULT_PINNED_POOL_BYTES = 1 << 28  # 256 MiB, Triton's --pinned-memory-pool-byte-size
 DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool-byte-size
+
+
+def default_frontends() -> int:
+    """One front end per core this process may run on, at least 2; 0 on a single core."""
+    cores = len(os.sched_getaffinity(0))
+    return max(2, cores) if cores >= 2 else 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,14 @@ class Settings:
     allow_client_shm: bool = False  # Triton's current default
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
+    frontends: int | None = None  # front-end processes; 0: one process; None: by the cores
+
+    def frontend_count(self) -> int:
+        """The front-end processes to run: ``--frontends``, or by default one per usable core
+        (at least 2) when there are 2 or more, none (the one-process server) on 1 core."""
+        if self.frontends is not None:
+            return self.frontends
+        return default_frontends()
 
     def cuda_pool_bytes(self, device: int) -> int:
         """The device memory pool limit of GPU ``device``."""

@@ -279,7 +279,7 @@ def test_ports_healthcheck_and_entrypoint(dockerfile: Dockerfile) -> None:
 
 
 def test_console_script_exists(pyproject: dict[str, Any]) -> None:
-    assert pyproject["project"]["scripts"]["tensorgate"] == "server.app:main"
+    assert pyproject["project"]["scripts"]["tensorgate"] == "server.main:main"
 
 
 def test_readme_shows_how_to_build_and_run() -> None:

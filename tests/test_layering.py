@@ -26,6 +26,12 @@ _FORBIDDEN = {
     "server/errors.py": ("tornado", "grpc"),
     "server/dataplane.py": ("tornado", "grpc", "backends", "onnxruntime"),
     "backends": ("tornado", "grpc", "server.http", "server.repository", "server.dataplane"),
+    # starts children as fresh interpreters: never holds grpc's threads or a CUDA context
+    "server/processes/supervisor.py": (
+        "tornado", "grpc", "cupy", "onnxruntime", "backends", "server.app", "server.http",
+        "server.grpc", "server.dataplane", "server.repository",
+    ),
+    "server/processes/child.py": ("tornado", "grpc", "cupy", "onnxruntime", "backends"),
 }
 
 

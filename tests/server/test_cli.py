@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -135,3 +136,22 @@ def test_console_script_help_runs() -> None:
     )
     assert result.returncode == 0
     assert "--http-max-input-size" in result.stdout
+
+
+def test_frontends_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_settings(["--model-repository=/m"]).frontends is None
+    assert parse_settings(["--model-repository=/m", "--frontends=0"]).frontend_count() == 0
+    assert parse_settings(["--model-repository=/m", "--frontends", "3"]).frontend_count() == 3
+    default = parse_settings(["--model-repository=/m"])
+    for cores, expected in ((1, 0), (2, 2), (3, 3), (16, 16)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert default.frontend_count() == expected, cores
+    assert "--frontends" in build_parser().format_help()
+
+
+@pytest.mark.parametrize("value", ["-1", "two", ""])
+def test_bad_frontends_are_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", f"--frontends={value}"])
+    assert exc.value.code == 2
+    assert "--frontends" in capsys.readouterr().err
