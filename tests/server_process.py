@@ -62,6 +62,11 @@ class ServerProcess:
         self.metrics_port: int | None = None
         self._want_http = _flag_enabled(args, "--allow-http")
         self._want_grpc = _flag_enabled(args, "--allow-grpc")
+        # The suites run in both process layouts: TENSORGATE_TEST_FRONTENDS=0 (one process),
+        # or N front ends and an executor; unset, the server's own default.
+        frontends = os.environ.get("TENSORGATE_TEST_FRONTENDS")
+        if frontends is not None and not any(a.startswith("--frontends") for a in args):
+            args = [*args, f"--frontends={frontends}"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", *args],

@@ -14,7 +14,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
@@ -115,8 +115,8 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
     # --- reading --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport, but are ones.
+        self._transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._filled == len(self._buffer):

@@ -1,0 +1,91 @@
+"""The executor process: ``python -m server.processes.executor <tensorgate flags>``, started by
+the supervisor. It owns the repository, backends, CUDA, schedulers and batchers, the shared
+memory registries, statistics and ``/metrics``, and serves the front ends over the control
+socket (``server.ipc.service``). It never parses HTTP or gRPC requests from clients."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from server import logs
+from server.app import build_repository, load_models, poll_repository, start_metrics
+from server.cli import parse_settings
+from server.cuda.host_register import register_with_cuda
+from server.dataplane import DataPlane
+from server.event_loop import run
+from server.ipc.service import ExecutorService
+from server.memory.host_pool import HostBufferPool
+from server.processes import child
+from server.processes.child import ChildInfo
+from server.settings import Settings
+from server.shutdown import Shutdown
+
+log = logging.getLogger("server")
+
+
+async def serve(settings: Settings, info: ChildInfo) -> int:
+    shutdown = Shutdown(settings.exit_timeout_secs)
+    shutdown.install((signal.SIGTERM,))
+    pool = HostBufferPool(pinned_limit=settings.pinned_memory_pool_byte_size)
+    repository = build_repository(settings, pool)
+    failed = await load_models(settings, shutdown, repository)
+    if failed is not None:
+        return failed
+    dataplane = DataPlane(settings, repository, pool)
+    service = ExecutorService(dataplane, settings.pinned_memory_pool_byte_size)
+    service.on_connected = register_with_cuda
+    try:
+        metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
+    except OSError as exc:
+        log.error("error: %s", exc)
+        await repository.close()
+        return 1
+    assert info.control_fd is not None
+    listener = socket.socket(fileno=info.control_fd)
+    serving = asyncio.create_task(service.serve(listener))
+    poller = (
+        asyncio.create_task(
+            poll_repository(repository, settings.repository_poll_secs, service.invalidate)
+        )
+        if settings.model_control_mode == "poll"
+        else None
+    )
+    dataplane.set_live(True)
+    child.report_ready(info)
+
+    await shutdown.requested.wait()
+
+    # The supervisor stops the front ends first: what is left here has no client any more.
+    serving.cancel()
+    if poller is not None:
+        poller.cancel()
+    if metrics is not None:
+        metrics.stop()
+    service.close()
+    listener.close()
+    dataplane.set_live(False)
+    await repository.close(shutdown.remaining())
+    dataplane.shared_memory.close()
+    log.debug("executor stopped")
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    info = child.child_info()
+    if info is None or info.role != "executor":
+        print("server.processes.executor is started by the tensorgate supervisor", file=sys.stderr)
+        return 2
+    child.die_with_parent()
+    child.ignore_interrupts()
+    settings = parse_settings(argv)
+    logs.configure(settings)
+    return run(serve(settings, info))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

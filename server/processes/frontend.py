@@ -1,0 +1,91 @@
+"""A front-end process: ``python -m server.processes.frontend <tensorgate flags>``, started by
+the supervisor. HTTP (on the listening socket the supervisor bound) and gRPC (on the shared
+port), the codecs and validation, request bodies received into this process's arena, and the
+client of the executor behind the transports' data plane. It never loads a model, never
+imports ONNX Runtime or CuPy, never maps a client's shared memory region."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from server import logs
+from server.cli import parse_settings
+from server.event_loop import run
+from server.grpc.server import GrpcServer
+from server.http.endpoint import start_http
+from server.ipc.client import ExecutorClient
+from server.ipc.tensors import Outbox
+from server.memory.arena import Arena, ArenaPool
+from server.processes import child
+from server.processes.child import ChildInfo
+from server.settings import Settings
+from server.shutdown import Shutdown
+
+log = logging.getLogger("server")
+
+_CLOSE_TIMEOUT_SECS = 5
+
+
+async def serve(settings: Settings, info: ChildInfo) -> int:
+    shutdown = Shutdown(settings.exit_timeout_secs)
+    shutdown.install((signal.SIGTERM,))
+    arena = await asyncio.to_thread(Arena.create, settings.pinned_memory_pool_byte_size)
+    pool = ArenaPool(arena)
+    client = ExecutorClient(Outbox(arena.array, pool.allocator.allocate), pool.allocator.free)
+    await client.connect(info.control_path, info.index, arena.fd, arena.size)
+    grpc_server = None
+    if info.grpc_port is not None:
+        grpc_server = GrpcServer(client, share_port=True)
+        grpc_server.bind(settings.grpc_address, info.grpc_port)
+    http_server = None
+    if info.http_fd is not None:
+        http_server = start_http(settings, client, pool, [socket.socket(fileno=info.http_fd)])
+    if grpc_server is not None:
+        await grpc_server.start()
+    child.report_ready(info)
+
+    await shutdown.requested.wait()
+
+    log.debug("front end %d: finishing %d in-flight requests", info.index, client.gate.inside)
+    client.gate.close()  # new requests get 503 / UNAVAILABLE; readiness turns false
+    if http_server is not None:
+        http_server.listener.close()
+    if grpc_server is not None:
+        await grpc_server.update_health()
+    finished = await client.gate.wait_idle(settings.exit_timeout_secs)
+    if not finished:
+        log.warning("front end %d stopping with %d requests in flight", info.index,
+                    client.gate.inside)
+    if grpc_server is not None:
+        await grpc_server.stop(grace_secs=0)
+    if http_server is not None:
+        try:
+            await asyncio.wait_for(
+                http_server.server.close_all_connections(),
+                min(_CLOSE_TIMEOUT_SECS, shutdown.remaining()),
+            )
+        except TimeoutError:
+            log.warning("HTTP connections did not close in time")
+    client.close()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    info = child.child_info()
+    if info is None or info.role != "frontend":
+        print("server.processes.frontend is started by the tensorgate supervisor", file=sys.stderr)
+        return 2
+    child.die_with_parent()
+    child.ignore_interrupts()
+    settings = parse_settings(argv)
+    logs.configure(settings)
+    return run(serve(settings, info))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
