@@ -375,8 +375,9 @@ def get_status(port: int, path: str) -> int:
         connection.close()
 
 
-def success_count(port: int, model: str) -> int | None:
-    """Requests the model answered successfully, from the statistics extension."""
+def model_counts(port: int, model: str) -> tuple[int, int, int] | None:
+    """Successful requests, inferences and executions of the model so far, from the statistics
+    extension (inferences ÷ executions is the mean executed batch size)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         connection.request("GET", f"/v2/models/{model}/stats")
@@ -384,8 +385,12 @@ def success_count(port: int, model: str) -> int | None:
         body = response.read()
         if response.status != 200:
             return None
-        return sum(int(s["inference_stats"]["success"]["count"])
-                   for s in json.loads(body)["model_stats"])
+        stats = json.loads(body)["model_stats"]
+        return (
+            sum(int(s["inference_stats"]["success"]["count"]) for s in stats),
+            sum(int(s["inference_count"]) for s in stats),
+            sum(int(s["execution_count"]) for s in stats),
+        )
     except (OSError, ValueError, KeyError):
         return None
     finally:
@@ -406,6 +411,7 @@ class Measurement:
     p99_us: float = float("nan")
     stable: bool = True
     requests: int | None = None  # counted by the server over the whole perf_analyzer run
+    mean_batch: float = float("nan")  # inferences ÷ executions over the run
     cpu_s: dict[str, float] = field(default_factory=dict)  # role -> CPU seconds over the run
     processes: dict[str, int] = field(default_factory=dict)  # role -> how many
     error: str | None = None
@@ -479,12 +485,12 @@ def measure(
     for attempt in range(2):
         stability, trials = (settings.stability, settings.max_trials) if attempt == 0 else (
             1000, 3)
-        before_count = success_count(server.http_port, row.model)
+        before_counts = model_counts(server.http_port, row.model)
         before = {p.pid: (role, p, cpu_s(p)) for role, p in server.processes()}
         rc, output, csv_text, pa_cpu = run_perf_analyzer(
             settings, argv, settings.window_ms, stability, trials)
         after = server.processes()
-        after_count = success_count(server.http_port, row.model)
+        after_counts = model_counts(server.http_port, row.model)
         if csv_text is None and attempt == 0 and "stable measurement" in output:
             continue
         break
@@ -494,8 +500,11 @@ def measure(
         result.error = f"perf_analyzer exited {rc}: " + " | ".join(lines[-3:])
         return result
     result.__dict__.update(parse_pa_csv(csv_text))
-    if before_count is not None and after_count is not None:
-        result.requests = after_count - before_count
+    if before_counts is not None and after_counts is not None:
+        requests, inferences, executions = (a - b for a, b in zip(after_counts, before_counts,
+                                                                   strict=True))
+        result.requests = requests
+        result.mean_batch = inferences / executions if executions else float("nan")
     for role, process in after:
         now = cpu_s(process)
         if now is None:
@@ -685,9 +694,11 @@ def report(args: argparse.Namespace, results: Results) -> str:
         for server in ("tensorgate", "Triton"):
             on, off = pick(results.main, server, "mlp-on"), pick(results.main, server, "mlp-off")
             batching.append([server, fmt_number(rate(on)), fmt_number(rate(off)),
-                             ratio_cell(ratio(rate(on), rate(off)))])
+                             ratio_cell(ratio(rate(on), rate(off))),
+                             fmt_number(median([m.mean_batch for m in on]))])
         out.append(f"\n### mlp gRPC c=32: dynamic batching on ÷ off (goal ≥ {BATCHING_TARGET:g}×)\n")
-        out.append(markdown_table(["server", "on infer/s", "off infer/s", "on ÷ off"], batching))
+        out.append(markdown_table(["server", "on infer/s", "off infer/s", "on ÷ off",
+                                         "mean batch (on)"], batching))
     cpu_rows = []
     for row in args.rows:
         for server in ("tensorgate", "Triton"):
