@@ -193,6 +193,12 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def one_front_end() -> tuple[str, ...]:
+    """Flags for a test of what one process holds (a budget, its descriptors): one front end
+    in the split layout (each front end has its own share), the one process otherwise."""
+    return () if os.environ.get("TENSORGATE_TEST_FRONTENDS") == "0" else ("--frontends=1",)
+
+
 def start_server(*repositories: Path, args: tuple[str, ...] = (), timeout: float = 60.0) -> ServerProcess:
     """Start a server on ``repositories``, HTTP and gRPC on 127.0.0.1 and free ports (``args``
     come last, so they override these)."""

@@ -115,7 +115,8 @@ class ExecutorClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         self._channel.send(message)
-        return await future
+        # Shielded: a caller that is cancelled leaves the future to wait for the final answer.
+        return await asyncio.shield(future)
 
     async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._ids)
@@ -200,8 +201,7 @@ class ExecutorClient:
             message = self._describe(request, owned)
             reply = await self._ask(message, message.id)
         except asyncio.CancelledError:
-            if owned or message.id in self._pending:
-                await self._abandon(message.id)
+            await self._abandon(message.id)
             raise
         finally:
             for offset in owned:

@@ -132,7 +132,9 @@ class ExecutorService:
         elif isinstance(message, m.Cancel):
             running = connection.tasks.get(message.id)
             if running is not None:
-                running.cancel()
+                # After the step already scheduled: a request that has not started yet first
+                # reaches its queue, so it is counted as CANCELED there, as in one process.
+                asyncio.get_running_loop().call_soon(running.cancel)
         elif isinstance(message, m.Release):
             for offset in message.offsets:
                 try:

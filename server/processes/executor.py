@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -60,7 +61,8 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
 
     await shutdown.requested.wait()
 
-    # The supervisor stops the front ends first: what is left here has no client any more.
+    # The supervisor stops the front ends first: what is left here has no client any more,
+    # so nothing is waited for.
     serving.cancel()
     if poller is not None:
         poller.cancel()
@@ -69,9 +71,12 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     service.close()
     listener.close()
     dataplane.set_live(False)
-    await repository.close(shutdown.remaining())
+    try:
+        await asyncio.wait_for(repository.close(0), shutdown.remaining())
+    except TimeoutError:
+        log.warning("models still busy at exit")
     dataplane.shared_memory.close()
-    log.debug("executor stopped")
+    log.info("executor stopped")
     return 0
 
 
@@ -84,7 +89,13 @@ def main(argv: Sequence[str]) -> int:
     child.ignore_interrupts()
     settings = parse_settings(argv)
     logs.configure(settings)
-    return run(serve(settings, info))
+    code = run(serve(settings, info))
+    # Model threads whose requests were cut at the stop may still run, and Python would wait
+    # for them at exit: nothing here needs finalizing, so the process leaves now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

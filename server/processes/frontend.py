@@ -7,6 +7,7 @@ imports ONNX Runtime or CuPy, never maps a client's shared memory region."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -51,7 +52,10 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
 
     await shutdown.requested.wait()
 
-    log.debug("front end %d: finishing %d in-flight requests", info.index, client.gate.inside)
+    log.info(
+        "front end %d stopping: finishing %d in-flight requests (at most %d s)",
+        info.index, client.gate.inside, settings.exit_timeout_secs,
+    )
     client.gate.close()  # new requests get 503 / UNAVAILABLE; readiness turns false
     if http_server is not None:
         http_server.listener.close()
@@ -59,8 +63,10 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         await grpc_server.update_health()
     finished = await client.gate.wait_idle(settings.exit_timeout_secs)
     if not finished:
-        log.warning("front end %d stopping with %d requests in flight", info.index,
-                    client.gate.inside)
+        log.warning(
+            "front end %d: exiting without waiting for the requests still running (%d)",
+            info.index, client.gate.inside,
+        )
     if grpc_server is not None:
         await grpc_server.stop(grace_secs=0)
     if http_server is not None:
@@ -84,7 +90,9 @@ def main(argv: Sequence[str]) -> int:
     child.ignore_interrupts()
     settings = parse_settings(argv)
     logs.configure(settings)
-    return run(serve(settings, info))
+    # The bodies in flight are bounded per process: each front end holds its share.
+    share = max(1, settings.http_max_inflight_bytes // max(1, info.frontends))
+    return run(serve(dataclasses.replace(settings, http_max_inflight_bytes=share), info))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,19 @@ def _wait_until_queued(server: ServerProcess, model: str) -> None:
         time.sleep(0.05)
 
 
+def _in_flight_at_stop(log: str) -> int:
+    """The in-flight requests the server said it was finishing when the stop began: the one
+    process's count, or the sum of every front end's."""
+    return sum(int(n) for n in re.findall(r"finishing (\d+) in-flight requests", log))
+
+
+def _wait_for_in_flight(server: ServerProcess, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while _in_flight_at_stop(server.log) < count:
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.02)
+
+
 def _signal_and_time_exit(server: ServerProcess, signum: int = signal.SIGTERM) -> float:
     started = time.monotonic()
     server.proc.send_signal(signum)
@@ -117,7 +130,7 @@ def test_the_exit_timeout_cuts_the_requests_still_running(busy_repo: Path, model
         assert b"200 OK" not in _answer(running)
         waiting.join(5)
         assert waiting.status in CUT_GRPC
-        assert "finishing 2 in-flight requests" in server.log
+        assert _in_flight_at_stop(server.log) == 2, server.log
         assert "exiting without waiting for the requests still running" in server.log
     finally:
         server.stop()
@@ -132,7 +145,7 @@ def test_a_second_signal_exits_at_once(busy_repo: Path, second: int) -> None:
         waiting.start()
         _wait_until_queued(server, "sleepy")
         server.proc.send_signal(signal.SIGTERM)
-        server.wait_for_log("stopping: finishing 2 in-flight requests")
+        _wait_for_in_flight(server, 2)
         assert _signal_and_time_exit(server, second) < 1.0, server.log
         assert b"200 OK" not in _answer(running)
         waiting.join(5)

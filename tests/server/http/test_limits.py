@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.server.http.helpers import assert_simple_ok, post_json
-from tests.server_process import EXAMPLES, ServerProcess, start_server
+from tests.server_process import EXAMPLES, ServerProcess, one_front_end, start_server
 
 ABSURD_SHAPE = (
     b'{"inputs": [{"name": "INPUT0", "shape": [1, 99999999], "datatype": "INT32", "data": [1]}]}'
@@ -127,7 +127,9 @@ def test_admission_control_on_bodies_in_flight() -> None:
     flight past --http-max-inflight-bytes is answered 503 at once, and is served again once the
     first one is done."""
     process = start_server(
-        EXAMPLES, args=("--http-max-inflight-bytes=300000", "--http-max-input-size=262144")
+        EXAMPLES, args=(
+            "--http-max-inflight-bytes=300000", "--http-max-input-size=262144", *one_front_end()
+        ),
     )
     try:
         assert process.port is not None, process.log
@@ -164,7 +166,9 @@ def test_chunked_and_compressed_bodies_count_against_the_budget() -> None:
     import gzip
 
     process = start_server(
-        EXAMPLES, args=("--http-max-inflight-bytes=300000", "--http-max-input-size=262144")
+        EXAMPLES, args=(
+            "--http-max-inflight-bytes=300000", "--http-max-input-size=262144", *one_front_end()
+        ),
     )
     try:
         assert process.port is not None, process.log

@@ -80,7 +80,8 @@ def test_a_failing_accept_pauses_and_resumes(caplog: pytest.LogCaptureFixture, c
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "m" / "1" / "model.onnx")
-    started = start_server(tmp_path)
+    # The limits are put on one process's pid: the one-process layout, where it is the server's.
+    started = start_server(tmp_path, args=("--frontends=0",))
     yield started
     started.stop()
 

@@ -90,6 +90,9 @@ def snapshot(*roots: Path) -> dict[str, str]:
     for root in roots:
         for path in sorted(root.rglob("*")):
             key = str(path)
+            if path.is_socket():  # the supervisor's control socket: no contents
+                found[key] = "socket"
+                continue
             found[key] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return found
 
