@@ -1,0 +1,219 @@
+"""The real split server (supervisor, executor, two front ends) under load: one table of
+statistics whichever front end took a request; a front end killed with SIGKILL is replaced
+and no client hangs; the executor killed with SIGKILL fails every pending request at once and
+the server exits 1 with no process left; front ends never import ONNX Runtime or CuPy."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scripts import make_models
+from tests.server_process import ServerProcess, start_server
+
+FRONTENDS = 2
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    make_models.save(make_models.add_sub("INT32", 16), root / "simple" / "1" / "model.onnx")
+    return root
+
+
+@pytest.fixture
+def server(models: Path) -> Iterator[ServerProcess]:
+    process = start_server(models, args=(f"--frontends={FRONTENDS}",))
+    assert process.port is not None, process.log
+    yield process
+    process.stop()
+    _assert_gone(process)
+
+
+def _children(server: ServerProcess, role: str) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(server.proc.pid).children():
+        try:
+            if f"server.processes.{role}" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _assert_gone(server: ServerProcess) -> None:
+    """Neither the supervisor nor any process it started is left (children are found by the
+    environment they were given, which names the supervisor)."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = []
+        for proc in psutil.process_iter(["pid", "environ"]):
+            described = (proc.info.get("environ") or {}).get("TENSORGATE_CHILD")
+            if described and json.loads(described).get("supervisor_pid") == server.proc.pid:
+                left.append(proc.info["pid"])
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes left: {left}"
+        time.sleep(0.1)
+
+
+def _body() -> bytes:
+    data = list(range(16))
+    return json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": data},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": data},
+    ]}).encode()
+
+
+class Load(threading.Thread):
+    """Requests on fresh connections until stopped; every outcome is counted, none may hang."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.stop = threading.Event()
+        self.outcomes: dict[str, int] = {}
+        self.wrong: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                connection.request("POST", "/v2/models/simple/infer", _body())
+                response = connection.getresponse()
+                text = response.read()
+                key = str(response.status)
+                if response.status == 200:
+                    out = json.loads(text)["outputs"][0]["data"]
+                    if out != [2 * i for i in range(16)]:
+                        self.wrong.append(text.decode()[:200])
+                connection.close()
+            except TimeoutError:
+                key = "hung"
+            except OSError as exc:
+                key = type(exc).__name__
+            self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+
+def test_statistics_count_every_request_once_whichever_front_end_took_it(
+    server: ServerProcess,
+) -> None:
+    assert len(_children(server, "frontend")) == FRONTENDS
+    assert server.port is not None
+    for _ in range(40):  # fresh connections: both front ends take some
+        status, _, _ = server.request("POST", "/v2/models/simple/infer", _body())
+        assert status == 200
+    stats = json.loads(server.request("GET", "/v2/models/simple/stats")[2])["model_stats"][0]
+    assert stats["inference_count"] == 40
+    assert stats["inference_stats"]["success"]["count"] == 40
+    metrics = server.metrics()
+    assert re.search(r'nv_inference_request_success\{model="simple",version="1"\} 40\b', metrics)
+
+
+def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> None:
+    for front_end in _children(server, "frontend"):
+        maps = Path(f"/proc/{front_end.pid}/maps").read_text()
+        assert "onnxruntime" not in maps and "cupy" not in maps
+    (executor,) = _children(server, "executor")
+    assert "onnxruntime" in Path(f"/proc/{executor.pid}/maps").read_text()
+
+
+def test_a_front_end_killed_under_load_is_replaced_and_no_client_hangs(
+    server: ServerProcess,
+) -> None:
+    assert server.port is not None
+    loads = [Load(server.port) for _ in range(4)]
+    for load in loads:
+        load.start()
+    time.sleep(1.0)
+    victim = _children(server, "frontend")[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    server.wait_for_log("front end", timeout=10)
+    deadline = time.monotonic() + 20
+    while True:  # a new front end has taken its place
+        current = [p.pid for p in _children(server, "frontend")]
+        if len(current) == FRONTENDS and victim.pid not in current:
+            break
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.1)
+    time.sleep(1.0)
+    for load in loads:
+        load.stop.set()
+    for load in loads:
+        load.join(30)
+        assert not load.is_alive()
+        assert not load.wrong, load.wrong[:3]
+        assert "hung" not in load.outcomes, load.outcomes
+    answered = sum(load.outcomes.get("200", 0) for load in loads)
+    assert answered > 20, [load.outcomes for load in loads]
+    assert server.request("GET", "/v2/health/ready")[0] == 200
+
+
+def test_the_executor_killed_under_load_fails_pending_requests_and_ends_the_server(
+    models: Path,
+) -> None:
+    server = start_server(models, args=(f"--frontends={FRONTENDS}",))
+    try:
+        assert server.port is not None, server.log
+        loads = [Load(server.port) for _ in range(4)]
+        for load in loads:
+            load.start()
+        time.sleep(1.0)
+        (executor,) = _children(server, "executor")
+        os.kill(executor.pid, signal.SIGKILL)
+        assert server.wait_exit(30) == 1
+        for load in loads:
+            load.stop.set()
+        for load in loads:
+            load.join(30)
+            assert not load.is_alive()
+            assert "hung" not in load.outcomes, load.outcomes
+            assert not load.wrong, load.wrong[:3]
+        assert "the executor" in server.log and "ended" in server.log, server.log
+        _assert_gone(server)
+    finally:
+        server.stop()
+
+
+def test_sigterm_under_load_drains_and_leaves_no_process(server: ServerProcess) -> None:
+    assert server.port is not None
+    loads = [Load(server.port) for _ in range(4)]
+    for load in loads:
+        load.start()
+    time.sleep(1.0)
+    assert server.stop() == 0
+    for load in loads:
+        load.stop.set()
+    for load in loads:
+        load.join(30)
+        assert "hung" not in load.outcomes, load.outcomes
+        assert not load.wrong, load.wrong[:3]
+        # Answered, refused while stopping (503), or the connection refused once closed.
+        assert set(load.outcomes) <= {"200", "503", "ConnectionRefusedError",
+                                      "RemoteDisconnected", "ConnectionResetError"}, load.outcomes
+    _assert_gone(server)
+
+
+def test_every_layout_answers_the_same(models: Path) -> None:
+    """The same request through one process and through front ends: the same bytes."""
+    answers = []
+    for layout in ("--frontends=0", "--frontends=1", f"--frontends={FRONTENDS}"):
+        process = start_server(models, args=(layout,))
+        try:
+            status, _, body = process.request("POST", "/v2/models/simple/infer", _body())
+            assert status == 200, body
+            missing = process.request("POST", "/v2/models/nope/infer", _body())
+            answers.append((body, missing[0], missing[2]))
+        finally:
+            assert process.stop() == 0
+    assert answers[0] == answers[1] == answers[2]
