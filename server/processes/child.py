@@ -21,7 +21,13 @@ import ctypes
 import json
 import os
 import signal
+import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from server import logs
+from server.cli import parse_settings
+from server.settings import Settings
 
 ENV = "TENSORGATE_CHILD"
 EXECUTOR = "executor"
@@ -136,3 +142,17 @@ def report_ready(info: ChildInfo) -> None:
 
 
 _reported: set[int] = set()
+
+
+def begin(role: str, argv: Sequence[str]) -> tuple[ChildInfo, Settings]:
+    """What every child does first: check it was started as ``role`` by a supervisor (else
+    exit 2), die with it, leave Ctrl-C to it, and read the same flags it was given."""
+    info = child_info()
+    if info is None or info.role != role:
+        print(f"the {role} process is started by the tensorgate supervisor", file=sys.stderr)
+        raise SystemExit(2)
+    die_with_parent()
+    ignore_interrupts()
+    settings = parse_settings(argv)
+    logs.configure(settings)
+    return info, settings

@@ -13,9 +13,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from server import logs
 from server.app import build_repository, load_models, poll_repository, start_metrics
-from server.cli import parse_settings
 from server.cuda.host_register import register_with_cuda
 from server.dataplane import DataPlane
 from server.event_loop import run
@@ -81,14 +79,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    info = child.child_info()
-    if info is None or info.role != "executor":
-        print("server.processes.executor is started by the tensorgate supervisor", file=sys.stderr)
-        return 2
-    child.die_with_parent()
-    child.ignore_interrupts()
-    settings = parse_settings(argv)
-    logs.configure(settings)
+    info, settings = child.begin(child.EXECUTOR, argv)
     code = run(serve(settings, info))
     # Model threads whose requests were cut at the stop may still run, and Python would wait
     # for them at exit: nothing here needs finalizing, so the process leaves now.

@@ -14,8 +14,6 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from server import logs
-from server.cli import parse_settings
 from server.event_loop import run
 from server.grpc.server import GrpcServer
 from server.http.endpoint import start_http
@@ -82,14 +80,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    info = child.child_info()
-    if info is None or info.role != "frontend":
-        print("server.processes.frontend is started by the tensorgate supervisor", file=sys.stderr)
-        return 2
-    child.die_with_parent()
-    child.ignore_interrupts()
-    settings = parse_settings(argv)
-    logs.configure(settings)
+    info, settings = child.begin(child.FRONTEND, argv)
     # The bodies in flight are bounded per process: each front end holds its share.
     share = max(1, settings.http_max_inflight_bytes // max(1, info.frontends))
     return run(serve(dataclasses.replace(settings, http_max_inflight_bytes=share), info))
