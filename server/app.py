@@ -13,7 +13,7 @@ from tornado.netutil import bind_sockets
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
-from server import logs
+from server import event_loop, logs
 from server.cli import parse_settings
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
@@ -218,4 +218,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: ``tensorgate --model-repository=PATH ...``."""
     settings = parse_settings(argv)
     logs.configure(settings)
-    return asyncio.run(serve(settings))
+    return event_loop.run(serve(settings))
