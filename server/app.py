@@ -20,7 +20,7 @@ from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
 from server.http.listener import Listener
 from server.http.metrics import make_metrics_app
-from server.http.server import make_app
+from server.http.server import Routes
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
 from server.observability.gpu_metrics import GpuMonitor
@@ -196,7 +196,7 @@ async def _poll_repository(repository: ModelRepository, every_secs: int) -> None
 
 def _start_http(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> _Http:
     server = HTTPServer(
-        make_app(dataplane, settings, pool),
+        Routes(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
         # Tornado's, which just drops the connection (chunked bodies).
         max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
