@@ -113,10 +113,10 @@ class Served:
 
 
 @asynccontextmanager
-async def serving() -> AsyncIterator[Served]:
+async def serving(settings: Settings) -> AsyncIterator[Served]:
     plane = FakePlane()
     pool = HostBufferPool(pinned_limit=0)
-    server = HTTPServer(Routes(cast(Plane, plane), Settings(), pool))
+    server = HTTPServer(Routes(cast(Plane, plane), settings, pool))
     sockets = bind_sockets(0, "127.0.0.1")
     server.add_sockets(sockets)
     try:
@@ -126,9 +126,9 @@ async def serving() -> AsyncIterator[Served]:
         await server.close_all_connections()
 
 
-def run(scenario: Callable[[Served], Awaitable[None]]) -> None:
+def run(scenario: Callable[[Served], Awaitable[None]], settings: Settings | None = None) -> None:
     async def main() -> None:
-        async with serving() as served:
+        async with serving(settings or Settings()) as served:
             await scenario(served)
 
     event_loop.run(main())
@@ -201,6 +201,20 @@ def test_a_client_gone_mid_body_frees_its_buffer() -> None:
     run(scenario)
 
 
+def test_a_stalled_body_is_cut_off_and_its_buffer_freed(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(served: Served) -> None:
+        reader, writer = await served.connect()
+        writer.write(b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
+        await until(lambda: served.pool.bytes_in_use > 0)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing said
+        await until(lambda: served.pool.bytes_in_use == 0)
+        writer.close()
+
+    with caplog.at_level(logging.INFO, logger="tornado.general"):
+        run(scenario, Settings(http_body_timeout_secs=0.2))  # type: ignore[arg-type]
+    assert "Timeout reading body from 127.0.0.1" in caplog.text
+
+
 class _Connection:
     """The parts of ``HTTP1Connection`` an exchange uses, recording what it is told."""
 
@@ -211,6 +225,9 @@ class _Connection:
 
     def set_close_callback(self, callback: Callable[[], None] | None) -> None:
         self.close_callback = callback
+
+    def set_body_timeout(self, timeout: float | None) -> None:
+        pass
 
     def write_headers(self, *args: Any) -> None:
         raise AssertionError("nobody is left to answer")
