@@ -7,11 +7,10 @@ fresh interpreters), so the one-process server is imported only when it is the o
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
-from server import logs
+from server import event_loop, logs
 from server.cli import parse_settings
 
 
@@ -23,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.frontend_count() == 0:
         from server.app import serve
 
-        return asyncio.run(serve(settings))
+        return event_loop.run(serve(settings))
     from server.processes import supervisor
 
     return supervisor.run(settings, args)

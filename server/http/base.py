@@ -51,33 +51,6 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
 
-    def send_server_error(
-        self,
-        error: InferenceServerError,
-        headers: dict[str, str] | None = None,
-        finish: bool = True,
-    ) -> None:
-        """Answer with ``error``'s status and message (when nothing has been sent yet).
-        ``finish=False`` writes the whole answer but leaves the request open."""
-        if self._finished:
-            return
-        if self._headers_written:
-            # Too late for a status: end the connection so the client sees a broken response.
-            self.request.connection.close()  # type: ignore[union-attr]
-            return
-        self.clear()
-        for name, value in (headers or {}).items():
-            self.set_header(name, value)
-        self.set_status(error.http_status)
-        if finish:
-            self.write_json({"error": error.message})
-            return
-        body = orjson.dumps({"error": error.message})
-        self.set_header("Content-Type", "application/json")
-        self.set_header("Content-Length", str(len(body)))
-        self.write(body)
-        self.flush()
-
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc_info: ExcInfo | None = kwargs.get("exc_info")
         error = exc_info[1] if exc_info else None

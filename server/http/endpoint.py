@@ -10,7 +10,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from server.http.listener import Listener
-from server.http.server import make_app
+from server.http.server import Routes
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.settings import Settings
@@ -46,7 +46,7 @@ def start_http(
     sockets: list[socket.socket] | None = None,
 ) -> Http:
     server = HTTPServer(
-        make_app(dataplane, settings, pool),
+        Routes(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
         # Tornado's, which just drops the connection (chunked bodies).
         max_body_size=settings.http_max_input_size + _CHUNK_SIZE,

@@ -1,11 +1,20 @@
-"""The HTTP/REST application: routes as Triton's regexes (triton-facts §1.1)."""
+"""The HTTP/REST application: routes as Triton's regexes (triton-facts §1.1).
+
+``POST .../infer`` is served by ``InferExchange`` directly under the ``HTTPServer``; every other
+request goes to the Tornado application, unchanged.
+"""
 
 from __future__ import annotations
 
-import tornado.web
+from collections.abc import Awaitable
+from typing import cast
 
-from server.http.base import NotFoundHandler
-from server.http.infer import InferHandler
+import tornado.web
+from tornado import httputil
+from tornado.http1connection import HTTP1Connection
+
+from server.http.base import BaseHandler, NotFoundHandler
+from server.http.infer import INFER_PATH, InferExchange, InferService
 from server.http.metadata import (
     LiveHandler,
     ModelConfigHandler,
@@ -30,7 +39,16 @@ _SHARED_MEMORY = (
 )
 
 
-def make_app(dataplane: Plane, settings: Settings, pool: BufferSource) -> tornado.web.Application:
+@tornado.web.stream_request_body
+class InferMethodNotAllowed(BaseHandler):
+    """The infer route's other methods: 405, as JSON (``POST`` never reaches the application).
+    Streamed, as the route's requests always were: an unread body is not read, the connection
+    closes after the answer."""
+
+    SUPPORTED_METHODS = ()
+
+
+def make_app(dataplane: Plane, settings: Settings) -> tornado.web.Application:
     """Build the Tornado application; unknown paths are 404 and wrong methods 405, as JSON."""
     common = {"dataplane": dataplane, "settings": settings}
     return tornado.web.Application(
@@ -45,10 +63,62 @@ def make_app(dataplane: Plane, settings: Settings, pool: BufferSource) -> tornad
             (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),
             (_MODEL + r"/config", ModelConfigHandler, common),
-            (_MODEL + r"/infer", InferHandler, {**common, "pool": pool}),
+            (INFER_PATH.pattern.removesuffix("$"), InferMethodNotAllowed, common),
             (_MODEL, ModelMetadataHandler, common),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=common,
         compress_response=False,
     )
+
+
+class Routes(httputil.HTTPServerConnectionDelegate):
+    """What an ``HTTPServer`` serves: infer requests through ``InferExchange``, the rest
+    through the application."""
+
+    def __init__(self, dataplane: Plane, settings: Settings, pool: BufferSource) -> None:
+        self.app = make_app(dataplane, settings)
+        self.infer = InferService(dataplane, settings, pool)
+
+    def start_request(
+        self, server_conn: object, request_conn: httputil.HTTPConnection
+    ) -> httputil.HTTPMessageDelegate:
+        return _Dispatch(self, server_conn, cast(HTTP1Connection, request_conn))
+
+    def on_close(self, server_conn: object) -> None:
+        self.app.on_close(server_conn)
+
+
+class _Dispatch(httputil.HTTPMessageDelegate):
+    """Picks the delegate for one request once its start line is known, then forwards to it."""
+
+    def __init__(self, routes: Routes, server_conn: object, conn: HTTP1Connection) -> None:
+        self._routes = routes
+        self._server_conn = server_conn
+        self._conn = conn
+        self._delegate: httputil.HTTPMessageDelegate | None = None
+
+    def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> Awaitable[None] | None:
+        assert isinstance(start_line, httputil.RequestStartLine)
+        path = INFER_PATH.match(start_line.path.partition("?")[0])
+        if path is not None and start_line.method == "POST":
+            self._delegate = InferExchange(self._routes.infer, self._conn, path)
+        else:
+            self._delegate = self._routes.app.start_request(self._server_conn, self._conn)
+        return self._delegate.headers_received(start_line, headers)
+
+    def data_received(self, chunk: bytes) -> Awaitable[None] | None:
+        assert self._delegate is not None
+        return self._delegate.data_received(chunk)
+
+    def finish(self) -> None:
+        assert self._delegate is not None
+        self._delegate.finish()
+
+    def on_connection_close(self) -> None:
+        if self._delegate is not None:
+            self._delegate.on_connection_close()

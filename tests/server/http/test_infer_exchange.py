@@ -1,0 +1,291 @@
+"""The infer fast path (``InferExchange`` under ``Routes``), in process, around a fake plane:
+keep-alive across it and the application, cancellation and buffer release whenever the client
+goes away, the server gate, faults. The wire answers themselves are pinned by the suites that
+run the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from tornado import httputil
+from tornado.http1connection import HTTP1Connection
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from server import event_loop
+from server.errors import NotFound
+from server.http.infer import INFER_PATH, InferExchange, InferService
+from server.http.server import Routes
+from server.memory.host_pool import HostBufferPool
+from server.plane import Plane
+from server.protocol.datatypes import from_name
+from server.protocol.model_spec import ModelSpec, TensorSpec
+from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.request_gate import STOPPING, RequestGate
+from server.settings import Settings
+
+INT32 = from_name("INT32")
+SPEC = ModelSpec(
+    name="echo",
+    max_batch_size=0,
+    inputs={"IN": TensorSpec("IN", INT32, (4,), None)},
+    outputs={"OUT": TensorSpec("OUT", INT32, (4,), None)},
+)
+DATA = struct.pack("<4i", 1, 2, 3, 4)
+
+
+class FakePlane:
+    """Serves model ``echo`` (its input back as ``OUT``); ``hold`` keeps requests running."""
+
+    def __init__(self) -> None:
+        self.gate = RequestGate()
+        self.hold = False
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self.fault: Exception | None = None
+
+    def live(self) -> bool:
+        return True
+
+    async def model_spec(self, name: str, version: str) -> ModelSpec:
+        if name != "echo":
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return SPEC
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.started.set()
+        try:
+            if self.hold:
+                await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        if self.fault is not None:
+            raise self.fault
+        data = np.array(request.inputs[0].data)  # a copy: the body is released after this
+        return InferResponse("echo", "1", [OutputTensor("OUT", INT32, (4,), data)], request.id)
+
+
+def infer_request(path: str = "/v2/models/echo/infer", extra: str = "") -> bytes:
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "IN", "datatype": "INT32", "shape": [4],
+                 "parameters": {"binary_data_size": 16}},
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    body = header + DATA
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n{extra}\r\n"
+    )
+    return head.encode() + body
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = dict(line.split(": ", 1) for line in lines[1:] if line)
+    body = await reader.readexactly(int(headers.get("Content-Length", "0")))
+    return status, headers, body
+
+
+class Served:
+    def __init__(self, plane: FakePlane, pool: HostBufferPool, port: int) -> None:
+        self.plane = plane
+        self.pool = pool
+        self.port = port
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[Served]:
+    plane = FakePlane()
+    pool = HostBufferPool(pinned_limit=0)
+    server = HTTPServer(Routes(cast(Plane, plane), settings, pool))
+    sockets = bind_sockets(0, "127.0.0.1")
+    server.add_sockets(sockets)
+    try:
+        yield Served(plane, pool, sockets[0].getsockname()[1])
+    finally:
+        server.stop()
+        await server.close_all_connections()
+
+
+def run(scenario: Callable[[Served], Awaitable[None]], settings: Settings | None = None) -> None:
+    async def main() -> None:
+        async with serving(settings or Settings()) as served:
+            await scenario(served)
+
+    event_loop.run(main())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def test_one_connection_serves_infer_and_the_application_in_turn() -> None:
+    async def scenario(served: Served) -> None:
+        reader, writer = await served.connect()
+        for request in (
+            infer_request(),
+            b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",
+            infer_request("/v2/models/ech%6F/versions/1/infer?x=1"),
+        ):
+            writer.write(request)
+            status, headers, body = await read_answer(reader)
+            assert status == 200, body
+            if headers.get("Content-Type") == "application/octet-stream":
+                length = int(headers["Inference-Header-Content-Length"])
+                assert body[length:] == DATA
+                assert json.loads(body[:length])["outputs"][0]["name"] == "OUT"
+        writer.close()
+
+    run(scenario)
+
+
+def test_other_methods_on_the_infer_route_are_the_application_s_405() -> None:
+    async def scenario(served: Served) -> None:
+        reader, writer = await served.connect()
+        writer.write(b"GET /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _headers, body = await read_answer(reader)
+        assert (status, json.loads(body)) == (405, {"error": "Method Not Allowed"})
+        writer.close()
+
+    run(scenario)
+
+
+def test_a_client_gone_while_its_request_runs_cancels_it_and_frees_its_body() -> None:
+    async def scenario(served: Served) -> None:
+        served.plane.hold = True
+        _reader, writer = await served.connect()
+        writer.write(infer_request())
+        await asyncio.wait_for(served.plane.started.wait(), 10)
+        assert served.pool.bytes_in_use > 0
+        writer.close()
+        await asyncio.wait_for(served.plane.cancelled.wait(), 10)
+        await until(lambda: served.pool.bytes_in_use == 0)
+        assert served.plane.gate.inside == 0
+
+    run(scenario)
+
+
+def test_a_client_gone_mid_body_frees_its_buffer() -> None:
+    async def scenario(served: Served) -> None:
+        _reader, writer = await served.connect()
+        writer.write(b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n")
+        writer.write(b"{" * 10)
+        await until(lambda: served.pool.bytes_in_use > 0)
+        writer.close()
+        await until(lambda: served.pool.bytes_in_use == 0)
+        assert not served.plane.started.is_set()
+
+    run(scenario)
+
+
+def test_a_stalled_body_is_cut_off_and_its_buffer_freed(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(served: Served) -> None:
+        reader, writer = await served.connect()
+        writer.write(b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
+        await until(lambda: served.pool.bytes_in_use > 0)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing said
+        await until(lambda: served.pool.bytes_in_use == 0)
+        writer.close()
+
+    with caplog.at_level(logging.INFO, logger="tornado.general"):
+        run(scenario, Settings(http_body_timeout_secs=0.2))  # type: ignore[arg-type]
+    assert "Timeout reading body from 127.0.0.1" in caplog.text
+
+
+class _Connection:
+    """The parts of ``HTTP1Connection`` an exchange uses, recording what it is told."""
+
+    context = None
+
+    def __init__(self) -> None:
+        self.close_callback: Callable[[], None] | None = None
+
+    def set_close_callback(self, callback: Callable[[], None] | None) -> None:
+        self.close_callback = callback
+
+    def set_body_timeout(self, timeout: float | None) -> None:
+        pass
+
+    def write_headers(self, *args: Any) -> None:
+        raise AssertionError("nobody is left to answer")
+
+
+def test_a_client_gone_before_its_task_starts_frees_the_body_and_nothing_runs() -> None:
+    async def scenario() -> None:
+        plane = FakePlane()
+        pool = HostBufferPool(pinned_limit=0)
+        service = InferService(cast(Plane, plane), Settings(), pool)
+        request = infer_request()
+        head, _, body = request.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        start_line = httputil.parse_request_start_line(lines[0])
+        headers = httputil.HTTPHeaders.parse("\r\n".join(lines[1:]))
+        path = INFER_PATH.match(start_line.path)
+        assert path is not None
+        connection = _Connection()
+        exchange = InferExchange(service, cast(HTTP1Connection, connection), path)
+        exchange.headers_received(start_line, headers)
+        exchange.data_received(body)
+        exchange.finish()  # the task is created, not yet started
+        assert pool.bytes_in_use > 0
+        assert connection.close_callback is not None
+        connection.close_callback()
+        assert pool.bytes_in_use == 0
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not plane.started.is_set()
+
+    event_loop.run(scenario())
+
+
+def test_a_closed_gate_answers_503_after_reading_the_body() -> None:
+    async def scenario(served: Served) -> None:
+        served.plane.gate.close()
+        reader, writer = await served.connect()
+        for _ in range(2):  # the connection stays usable
+            writer.write(infer_request())
+            status, headers, body = await read_answer(reader)
+            assert (status, json.loads(body)) == (503, {"error": STOPPING})
+            assert "Connection" not in headers
+        assert served.pool.bytes_in_use == 0
+        writer.close()
+
+    run(scenario)
+
+
+def test_a_fault_behind_the_plane_is_500_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(served: Served) -> None:
+        served.plane.fault = RuntimeError("boom")
+        reader, writer = await served.connect()
+        writer.write(infer_request())
+        status, _, body = await read_answer(reader)
+        assert (status, json.loads(body)) == (500, {"error": "RuntimeError: boom"})
+        assert served.pool.bytes_in_use == 0
+        writer.close()
+
+    with caplog.at_level(logging.ERROR, logger="server.http"):
+        run(scenario)
+    assert "internal error for request id None to model 'echo'" in caplog.text
