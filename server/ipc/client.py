@@ -130,6 +130,14 @@ class ExecutorClient:
         if offsets and self._channel is not None:
             self._channel.send(m.Release(offsets))
 
+    async def in_flight_anywhere(self) -> int:
+        """Requests the executor is running for any front end (0 once it is gone)."""
+        try:
+            count: int = await self._call("in_flight")
+        except Unavailable:
+            return 0
+        return count
+
     # --- Plane ----------------------------------------------------------------------------
 
     def live(self) -> bool:

@@ -203,6 +203,9 @@ class ExecutorService:
         )
 
     async def _call(self, connection: _Connection, message: m.Call) -> None:
+        if message.method == "in_flight":  # the service's own: requests of every front end
+            connection.send(m.Returned(message.id, sum(len(c.tasks) for c in self._connections)))
+            return
         kind = _CALLS.get(message.method, "unknown")
         try:
             if kind == "unknown":

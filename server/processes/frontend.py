@@ -23,11 +23,12 @@ from server.memory.arena import Arena, ArenaPool
 from server.processes import child
 from server.processes.child import ChildInfo
 from server.settings import Settings
-from server.shutdown import Shutdown
+from server.shutdown import GRACE_SECS, Shutdown
 
 log = logging.getLogger("server")
 
 _CLOSE_TIMEOUT_SECS = 5
+_DRAIN_POLL_SECS = 0.05
 
 
 async def serve(settings: Settings, info: ChildInfo) -> int:
@@ -59,7 +60,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         http_server.listener.close()
     if grpc_server is not None:
         await grpc_server.update_health()
-    finished = await client.gate.wait_idle(settings.exit_timeout_secs)
+    finished = await _drain(client, shutdown)
     if not finished:
         log.warning(
             "front end %d: exiting without waiting for the requests still running (%d)",
@@ -77,6 +78,19 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
             log.warning("HTTP connections did not close in time")
     client.close()
     return 0
+
+
+async def _drain(client: ExecutorClient, shutdown: Shutdown) -> bool:
+    """Until this front end's requests and every other front end's are done (or the exit
+    timeout): meanwhile its open connections are answered (503, not ready), as one process
+    does while any request is in flight; whether everything finished."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, shutdown.remaining() - GRACE_SECS)
+    while client.gate.inside or await client.in_flight_anywhere():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_DRAIN_POLL_SECS)
+    return True
 
 
 def main(argv: Sequence[str]) -> int:

@@ -124,6 +124,12 @@ class _Sockets:
     def grpc_port(self) -> int | None:
         return None if self.grpc is None else int(self.grpc.getsockname()[1])
 
+    def close_listeners(self) -> None:
+        """Our copies of the HTTP socket and the gRPC port's reservation."""
+        for sock in (self.http, self.grpc):
+            if sock is not None:
+                sock.close()
+
     def close(self) -> None:
         for sock in (self.http, self.grpc, self.control):
             if sock is not None:
@@ -334,6 +340,9 @@ class _Supervisor:
     def _stop_frontends(self, started: float) -> float:
         """SIGTERM every front end and wait until they have exited (killing those still there
         at their deadline); the deadline."""
+        # No front end is started again: the listening sockets are theirs alone now, so once
+        # each has closed its copy, new connections are refused instead of left waiting.
+        self._sockets.close_listeners()
         for child in self._frontends:
             child.restart_at = None
             if child.running:
