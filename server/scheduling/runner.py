@@ -7,12 +7,19 @@ loop wake-up), while small models run in 10 µs. So the runner times the executi
 requests and, once a model has shown that it runs those in well under that cost, runs small
 requests on the event loop; if they slow down, the timings send them back to the thread.
 Large requests (by input size) always go to the thread, whatever the model's history.
+
+A run timed on the thread includes its waits for the GIL (held by the busy event loop, up to
+the 5 ms switch interval), so on a loaded machine every such timing looks slow and a model
+that went to the thread never came back. The fastest of the recent thread runs is the one
+least inflated: it decides the way back to the loop; inline runs (timed while holding the GIL)
+are averaged as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -45,15 +52,16 @@ class InstanceRunner:
     def __init__(self, name: str, instance: ModelInstance) -> None:
         self.instance = instance
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._average_s: float | None = None
-        self._small_runs = 0
+        self._average_s: float | None = None  # of the inline runs since the last thread run
+        self._thread_runs: deque[float] = deque(maxlen=_WARMUP_RUNS)  # the latest ones
+        self._inline = False
 
     @property
     def small_runs_inline(self) -> bool:
+        if self._inline:
+            return self._average_s is not None and self._average_s < INLINE_BELOW_S
         return (
-            self._small_runs >= _WARMUP_RUNS
-            and self._average_s is not None
-            and self._average_s < INLINE_BELOW_S
+            len(self._thread_runs) == _WARMUP_RUNS and min(self._thread_runs) < INLINE_BELOW_S
         )
 
     async def run(
@@ -67,7 +75,12 @@ class InstanceRunner:
         """
         small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
         if small and self.small_runs_inline and self.instance.may_run_inline:
+            if not self._inline:
+                self._inline, self._average_s = True, None
             return self._timed(inputs, output_names, small)
+        if small and self._inline:  # inline runs slowed down: judge afresh on the thread
+            self._inline = False
+            self._thread_runs.clear()
         return await run_in_thread(self._thread, self._timed, inputs, output_names, small)
 
     async def run_batch(
@@ -105,7 +118,9 @@ class InstanceRunner:
                 self._record(time.perf_counter() - start)
 
     def _record(self, seconds: float) -> None:
-        self._small_runs += 1
+        if not self._inline:
+            self._thread_runs.append(seconds)
+            return
         previous = self._average_s
         self._average_s = (
             seconds if previous is None else previous + _SMOOTHING * (seconds - previous)
