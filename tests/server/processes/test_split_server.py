@@ -217,3 +217,37 @@ def test_every_layout_answers_the_same(models: Path) -> None:
         finally:
             assert process.stop() == 0
     assert answers[0] == answers[1] == answers[2]
+
+
+def test_a_full_arena_is_503_before_the_body_is_stored_and_recovers(models: Path) -> None:
+    """Arena of four 1 MiB blocks (two bodies of --http-max-input-size at least): four slow
+    uploads hold it; the fifth is refused at once; once they are gone, requests are served."""
+    import socket
+
+    server = start_server(models, args=(
+        "--frontends=1", "--http-max-input-size=1048576", "--pinned-memory-pool-byte-size=4194304",
+    ))
+    try:
+        assert server.port is not None, server.log
+        head = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: 1000000\r\n\r\n")
+        slow = []
+        for _ in range(4):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(head + b"{")
+            slow.append(sock)
+        time.sleep(0.5)
+        status, _, text = server.request(
+            "POST", "/v2/models/simple/infer", b"{}".ljust(1_000_000)
+        )
+        assert status == 503, text
+        assert b"busy" in text
+        for sock in slow:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while server.request("POST", "/v2/models/simple/infer", _body())[0] != 200:
+            assert time.monotonic() < deadline, server.log
+            time.sleep(0.1)
+        assert server.stop() == 0
+    finally:
+        server.stop()
