@@ -7,9 +7,8 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 .venv/bin/python -m pytest -n 2 "$@"
-# The transports again in the other process layout (the run above takes the default: front
-# ends and an executor wherever there are 2 or more cores). Only for the whole suite.
+# Again in the other process layout (the run above takes the default: front ends and an
+# executor wherever there are 2 or more cores). Only for the whole suite.
 if [[ $# -eq 0 ]]; then
-    TENSORGATE_TEST_FRONTENDS=0 .venv/bin/python -m pytest -n 2 -q \
-        tests/server/http tests/server/grpc tests/server/test_soak.py
+    TENSORGATE_TEST_FRONTENDS=0 .venv/bin/python -m pytest -n 2 -q tests
 fi
