@@ -38,6 +38,10 @@ echo "== gpu_tests"
 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" gpu_tests 2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
 
+echo "== arena hostRegister (scale-out: the executor pins each front end's arena)"
+"$PYTHON" -m pytest -q -s -p no:cacheprovider -o addopts="" gpu_tests/test_arena_host_register.py 2>&1 \
+    | tee "$out/arena_host_register.log"
+
 echo "== bench_gpu"
 timeout 240 "$PYTHON" scripts/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"
 exit "$status"

@@ -21,6 +21,7 @@ from server.ipc.service import ExecutorService
 from server.memory.host_pool import HostBufferPool
 from server.processes import child
 from server.processes.child import ChildInfo
+from server.processes.sizes import output_arena_bytes
 from server.settings import Settings
 from server.shutdown import Shutdown
 
@@ -36,7 +37,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     if failed is not None:
         return failed
     dataplane = DataPlane(settings, repository, pool)
-    service = ExecutorService(dataplane, settings.pinned_memory_pool_byte_size)
+    service = ExecutorService(dataplane, output_arena_bytes(settings, info.frontends))
     service.on_connected = register_with_cuda
     try:
         metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None

@@ -20,9 +20,9 @@ from server.http.endpoint import start_http
 from server.ipc.client import ExecutorClient
 from server.ipc.tensors import Outbox
 from server.memory.arena import Arena, ArenaPool
-from server.memory.host_pool import size_class
 from server.processes import child
 from server.processes.child import ChildInfo
+from server.processes.sizes import request_arena_bytes
 from server.settings import Settings
 from server.shutdown import GRACE_SECS, Shutdown
 
@@ -30,13 +30,12 @@ log = logging.getLogger("server")
 
 _CLOSE_TIMEOUT_SECS = 5
 _DRAIN_POLL_SECS = 0.05
-_BODY_SLACK = 1 << 16  # what a chunked body may grow past the limit before it is refused
 
 
 async def serve(settings: Settings, info: ChildInfo) -> int:
     shutdown = Shutdown(settings.exit_timeout_secs)
     shutdown.install((signal.SIGTERM,))
-    arena = await asyncio.to_thread(Arena.create, arena_bytes(settings))
+    arena = await asyncio.to_thread(Arena.create, request_arena_bytes(settings, info.frontends))
     pool = ArenaPool(arena)
     client = ExecutorClient(Outbox(arena.array, pool.allocator.allocate), pool.allocator.free)
     await client.connect(info.control_path, info.index, arena.fd, arena.size)
@@ -80,13 +79,6 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
             log.warning("HTTP connections did not close in time")
     client.close()
     return 0
-
-
-def arena_bytes(settings: Settings) -> int:
-    """A front end's arena: ``--pinned-memory-pool-byte-size``, but at least room for two
-    bodies of ``--http-max-input-size`` (a body may always be received, if not at once)."""
-    largest = size_class(settings.http_max_input_size + _BODY_SLACK)
-    return max(settings.pinned_memory_pool_byte_size, 2 * largest)
 
 
 async def _drain(client: ExecutorClient, shutdown: Shutdown) -> bool:
