@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from server.generated import model_config_pb2 as mc
 from server.ipc import messages as m
 from server.ipc.channel import Channel, receive_hello, send_hello
 from server.ipc.tensors import Outbox, pack, shm_ref, shm_tuple, unpack
+from server.memory.arena import Arena
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.request_gate import RequestGate
@@ -45,13 +47,14 @@ def error_from(name: str, message: str) -> InferenceServerError:
 class ExecutorClient:
     """``server.plane.Plane`` for a front end."""
 
-    def __init__(self, outbox: Outbox, free: Any) -> None:
+    def __init__(self, outbox: Outbox, free: Callable[[int], None]) -> None:
         """``outbox`` is this front end's arena; ``free(offset)`` returns one of its blocks."""
         self.gate = RequestGate()
         self._outbox = outbox
         self._free = free
         self._channel: Channel[m.ToFrontEnd] | None = None
-        self._peer = np.empty(0, dtype=np.uint8)  # the executor's output arena
+        self._peer_arena: Arena | None = None  # the executor's output arena, mapped here
+        self._peer = np.empty(0, dtype=np.uint8)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
@@ -61,8 +64,6 @@ class ExecutorClient:
     async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
         """Introduce this front end (and its arena) to the executor at ``path``, map the
         executor's output arena, and start reading."""
-        from server.memory.arena import Arena
-
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(None)
         loop = asyncio.get_running_loop()

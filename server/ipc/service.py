@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from server.dataplane import DataPlane
@@ -62,8 +63,10 @@ class _Connection:
         if self.channel is not None:
             self.channel.send(message)
 
-    def close_when_idle(self) -> None:
-        if self.lost and not self.tasks:
+    def close_when_idle(self, release: Callable[[Arena], object] | None) -> None:
+        if self.lost and not self.tasks and not self.peer.closed:
+            if release is not None:
+                release(self.peer)
             self.peer.close()
             self.out.close()
 
@@ -76,7 +79,10 @@ class ExecutorService:
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._next_ack = 0
         self._calls: set[asyncio.Task[None]] = set()
-        self.on_connected: Any = None  # called with each new connection's arena (CUDA pinning)
+        #: called with each front end's arena as it connects (the executor pins it for CUDA),
+        #: and once that front end is gone and its last request done (unpinned before unmapped)
+        self.on_connected: Callable[[Arena], object] | None = None
+        self.on_released: Callable[[Arena], object] | None = None
 
     async def serve(self, listener: socket.socket) -> None:
         """Accept front ends on ``listener`` until cancelled."""
@@ -122,7 +128,7 @@ class ExecutorService:
         connection.channel = None
         for task in connection.tasks.values():
             task.cancel()
-        connection.close_when_idle()
+        connection.close_when_idle(self.on_released)
 
     def _on_message(self, connection: _Connection, message: m.ToExecutor) -> None:
         if isinstance(message, m.Infer):
@@ -173,13 +179,12 @@ class ExecutorService:
             log.exception("request %d of front end %d failed", message.id, connection.index)
             connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
 
-    @staticmethod
-    def _finished(connection: _Connection, request: int, task: asyncio.Task[None]) -> None:
+    def _finished(self, connection: _Connection, request: int, task: asyncio.Task[None]) -> None:
         """Every request gets a final answer, also one cancelled before it ever ran."""
         connection.tasks.pop(request, None)
         if task.cancelled():
             connection.send(m.Failed(request, "Unavailable", "the request was cancelled"))
-        connection.close_when_idle()
+        connection.close_when_idle(self.on_released)
 
     def _request(self, connection: _Connection, message: m.Infer) -> InferRequest:
         inputs = []

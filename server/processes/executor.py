@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from server.app import build_repository, load_models, poll_repository, start_metrics
-from server.cuda.host_register import register_with_cuda
+from server.cuda.host_register import register_with_cuda, unregister_from_cuda
 from server.dataplane import DataPlane
 from server.event_loop import run
 from server.ipc.service import ExecutorService
@@ -39,6 +39,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     dataplane = DataPlane(settings, repository, pool)
     service = ExecutorService(dataplane, output_arena_bytes(settings, info.frontends))
     service.on_connected = register_with_cuda
+    service.on_released = unregister_from_cuda
     try:
         metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
     except OSError as exc:

@@ -42,7 +42,7 @@ class Seam:
         self.serving = serving
 
 
-async def open_seam(root: Path, mode: str = "explicit") -> Seam:
+async def open_seam(root: Path, mode: str = "explicit", events: list[str] | None = None) -> Seam:
     settings = Settings(
         model_repositories=(str(root),), model_control_mode=mode, load_models=("*",)
     )
@@ -53,6 +53,9 @@ async def open_seam(root: Path, mode: str = "explicit") -> Seam:
     dataplane = DataPlane(settings, repository)
     dataplane.set_live(True)
     service = ExecutorService(dataplane, ARENA)
+    if events is not None:
+        service.on_connected = lambda arena: events.append(f"pin {arena.size}")
+        service.on_released = lambda arena: events.append(f"unpin {arena.size}")
     path = str(root.parent / "control.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -265,3 +268,26 @@ def test_thousands_of_refused_and_abandoned_requests_leave_no_arena_space(models
         assert connection.allocator.bytes_in_use == 0
         assert not connection.tasks
     run(models, body)
+
+
+def test_a_front_end_arena_is_pinned_on_connect_and_unpinned_once_it_is_gone(
+    models: Path,
+) -> None:
+    async def main() -> None:
+        events: list[str] = []
+        seam = await open_seam(models, events=events)
+        try:
+            await seam.client.infer(add_sub_request())
+            assert events == [f"pin {ARENA}"]
+            seam.client.close()
+            for _ in range(100):
+                if len(events) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert events == [f"pin {ARENA}", f"unpin {ARENA}"]
+        finally:
+            seam.service.close()
+            seam.serving.cancel()
+            seam.listener.close()
+            await seam.dataplane._repository.close()
+    asyncio.run(main())
