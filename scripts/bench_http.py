@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a file: make the `scripts` package impor
     sys.path.insert(0, str(ROOT))
 
 from scripts.bench_common import (
+    LOOPBACK_SERVER_ARGS,
     PINNED_THREADS,
     EchoFraming,
     EchoServer,
@@ -56,18 +57,7 @@ import numpy.typing as npt
 from server.loadtest.clients import HttpFraming  # shared with tensorgate-bench
 
 REPOSITORY = ROOT / "examples" / "model_repository"
-SERVER_ARGS = (
-    f"--model-repository={REPOSITORY}",
-    "--http-port=0",
-    "--http-address=127.0.0.1",
-    # gRPC is served too (as a user gets it), but on loopback and a free port: the default
-    # 0.0.0.0:8001 would be public and, with grpcio's SO_REUSEPORT, shared with any other server.
-    "--grpc-port=0",
-    "--grpc-address=127.0.0.1",
-    "--metrics-port=0",
-    "--metrics-address=127.0.0.1",
-    "--backend-config=onnxruntime,intra_op_thread_count=1",
-)
+SERVER_ARGS = (f"--model-repository={REPOSITORY}", *LOOPBACK_SERVER_ARGS)
 _STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _WARNING_OR_ERROR = re.compile(r"^\S+ \S+ [WE] ")

@@ -66,19 +66,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a file: make the `scripts` package importable
     sys.path.insert(0, str(ROOT))
 
-from scripts.bench_common import PINNED_THREADS, fmt_number, fmt_ratio, markdown_table
+from scripts.bench_common import (
+    LOOPBACK_SERVER_ARGS,
+    PINNED_THREADS,
+    fmt_number,
+    fmt_ratio,
+    markdown_table,
+)
 
 REPOSITORY = ROOT / "examples" / "model_repository"
 MLP_OFF = "mlp_nobatch"
-TENSORGATE_ARGS = (
-    "--http-port=0",
-    "--http-address=127.0.0.1",
-    "--grpc-port=0",
-    "--grpc-address=127.0.0.1",
-    "--metrics-port=0",
-    "--metrics-address=127.0.0.1",
-    "--backend-config=onnxruntime,intra_op_thread_count=1",
-)
+TENSORGATE_ARGS = LOOPBACK_SERVER_ARGS
 _HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _START_TIMEOUT_S = 120.0  # Triton starts a python stub per model instance: tens of seconds
