@@ -165,8 +165,16 @@ def _listen_tcp(host: str, port: int) -> socket.socket:
 
 def _reserve_port(host: str, port: int) -> socket.socket:
     """Hold the gRPC port (a free one for port 0) without accepting on it: bound with
-    ``SO_REUSEPORT``, not listening, so connections go to the front ends' listening sockets."""
-    return _tcp_socket(host, port, socket.SO_REUSEPORT)
+    ``SO_REUSEPORT``, not listening, so connections go to the front ends' listening sockets.
+
+    First a plain bind: ``SO_REUSEPORT`` alone would join a port another process of this user
+    already holds the same way (and for port 0 the kernel may pick such a port), and the two
+    servers would silently split the traffic. The plain bind fails on any port in use and
+    picks a port nothing holds."""
+    probe = _tcp_socket(host, port, socket.SO_REUSEADDR)
+    chosen = probe.getsockname()[1]
+    probe.close()
+    return _tcp_socket(host, chosen, socket.SO_REUSEPORT)
 
 
 def _status_text(returncode: int) -> str:

@@ -345,3 +345,33 @@ def test_the_supervisor_imports_no_heavy_module() -> None:
         timeout=30,
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_the_grpc_port_is_never_shared_with_another_holder() -> None:
+    """A port held with SO_REUSEPORT by another server (its reservation, or grpc's listening
+    sockets) is refused, not joined; port 0 picks a port nobody holds."""
+    import socket as socket_module
+
+    from server.processes.supervisor import _reserve_port
+
+    first = _reserve_port("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        with pytest.raises(OSError):
+            _reserve_port("127.0.0.1", port)
+        listening = socket_module.socket()
+        listening.setsockopt(socket_module.SOL_SOCKET, socket_module.SO_REUSEPORT, 1)
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        try:
+            with pytest.raises(OSError):
+                _reserve_port("127.0.0.1", listening.getsockname()[1])
+            others = [_reserve_port("127.0.0.1", 0) for _ in range(20)]
+            ports = {s.getsockname()[1] for s in others}
+            assert port not in ports and listening.getsockname()[1] not in ports
+            for sock in others:
+                sock.close()
+        finally:
+            listening.close()
+    finally:
+        first.close()
