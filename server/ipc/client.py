@@ -30,6 +30,7 @@ from server.memory.arena import Arena
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.request_gate import RequestGate
+from server.threads import off_loop_if_large
 
 log = logging.getLogger("server.ipc")
 
@@ -59,7 +60,6 @@ class ExecutorClient:
         self._ids = itertools.count(1)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self._connected = False
-        self.lost = asyncio.Event()
 
     async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
         """Introduce this front end (and its arena) to the executor at ``path``, map the
@@ -72,7 +72,10 @@ class ExecutorClient:
         await loop.run_in_executor(None, send_hello, sock, hello, arena_fd)
         body, fd = await loop.run_in_executor(None, receive_hello, sock)
         reply = m.decode_hello(body)
-        self._peer_arena = Arena.attach(fd, reply.arena_bytes, writable=False)
+        # Mapping it pre-faults every page: not on the loop.
+        self._peer_arena = await asyncio.to_thread(
+            Arena.attach, fd, reply.arena_bytes, writable=False
+        )
         self._peer = self._peer_arena.array
         self._channel = await Channel.open(
             sock, m.to_front_end_decoder(), self._on_message, self._on_lost
@@ -108,7 +111,6 @@ class ExecutorClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(Unavailable(EXECUTOR_GONE))
-        self.lost.set()
 
     async def _ask(self, message: Any, call_id: int) -> Any:
         if not self._connected or self._channel is None:
@@ -127,7 +129,7 @@ class ExecutorClient:
         return reply.value
 
     def _release_outputs(self, done: m.Done) -> None:
-        offsets = [t.offset for t in done.outputs if t.offset >= 0 and t.inline is None]
+        offsets = _arena_offsets(done)
         if offsets and self._channel is not None:
             self._channel.send(m.Release(offsets))
 
@@ -207,11 +209,14 @@ class ExecutorClient:
         client goes away meanwhile (then the executor is told to drop the request)."""
         owned: list[int] = []
         try:
-            message = self._describe(request, owned)
-            reply = await self._ask(message, message.id)
-        except asyncio.CancelledError:
-            await self._abandon(message.id)
-            raise
+            # Copying a large tensor into the arena (a gRPC message's bytes) is off the loop.
+            copies = self._outbox.copy_bytes([t.data for t in request.inputs])
+            message = await off_loop_if_large(copies, self._describe, request, owned)
+            try:
+                reply = await self._ask(message, message.id)
+            except asyncio.CancelledError:
+                await self._abandon(message.id)
+                raise
         finally:
             for offset in owned:
                 self._free(offset)
@@ -259,6 +264,11 @@ class ExecutorClient:
         response = InferResponse(
             done.model_name, done.model_version, outputs, done.response_id, done.parameters
         )
-        if any(t.offset >= 0 and t.inline is None for t in done.outputs):
+        if _arena_offsets(done):
             response.on_release = lambda: self._release_outputs(done)
         return response
+
+
+def _arena_offsets(done: m.Done) -> list[int]:
+    """The blocks of the executor's arena that ``done``'s outputs are in."""
+    return [t.offset for t in done.outputs if t.offset >= 0 and t.inline is None]

@@ -22,7 +22,14 @@ from server.ipc import messages as m
 from server.ipc.channel import Channel, receive_hello, send_hello
 from server.ipc.tensors import Outbox, pack, shm_ref, unpack
 from server.memory.arena import Arena, ArenaAllocator
-from server.protocol.types import SHARED_MEMORY_PENDING, InferRequest, InputTensor, RequestedOutput
+from server.protocol.types import (
+    SHARED_MEMORY_PENDING,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
+from server.threads import off_loop_if_large
 
 log = logging.getLogger("server.ipc")
 
@@ -100,7 +107,11 @@ class ExecutorService:
         try:
             body, fd = await asyncio.to_thread(receive_hello, sock)
             hello = m.decode_hello(body)
-            peer = Arena.attach(fd, hello.arena_bytes, writable=True)
+            # Mapping pre-faults every page, pinning is a driver call: neither on the loop,
+            # which serves the other front ends meanwhile.
+            peer = await asyncio.to_thread(Arena.attach, fd, hello.arena_bytes, writable=True)
+            if self.on_connected is not None:
+                await asyncio.to_thread(self.on_connected, peer)
             out = await asyncio.to_thread(Arena.create, self._output_bytes)
             reply = m.encoder().encode(m.Hello("executor", 0, out.size))
             await asyncio.to_thread(send_hello, sock, reply, out.fd)
@@ -109,8 +120,6 @@ class ExecutorService:
             sock.close()
             return
         connection = _Connection(hello.index, peer, out)
-        if self.on_connected is not None:
-            self.on_connected(peer)
         connection.channel = await Channel.open(
             sock,
             m.to_executor_decoder(),
@@ -161,18 +170,20 @@ class ExecutorService:
             request = self._request(connection, message)
             response = await self._dataplane.infer(request)
             owned: list[int] = []
-            outputs = [
-                pack(o.name, o.datatype, o.shape, None if o.shared_memory else o.data, {},
-                     o.shared_memory, connection.outbox, owned)
-                for o in response.outputs
-            ]
+            try:
+                # A large result's copy into the arena is off the loop, which serves every
+                # front end (the thread is waited for, also when cancelled).
+                outputs = await off_loop_if_large(
+                    response.payload_bytes, _pack_outputs, response, connection.outbox, owned
+                )
+            except BaseException:
+                for offset in owned:
+                    connection.allocator.free(offset)
+                raise
             connection.send(
                 m.Done(message.id, response.model_name, response.model_version, response.id,
                        response.parameters, outputs)
             )
-            if connection.lost:
-                for offset in owned:
-                    connection.allocator.free(offset)
         except InferenceServerError as exc:
             connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
         except Exception as exc:
@@ -254,3 +265,11 @@ class ExecutorService:
                 connection.channel.close()
         for task in list(self._calls):
             task.cancel()
+
+
+def _pack_outputs(response: InferResponse, outbox: Outbox, owned: list[int]) -> list[m.Tensor]:
+    return [
+        pack(o.name, o.datatype, o.shape, None if o.shared_memory else o.data, {},
+             o.shared_memory, outbox, owned)
+        for o in response.outputs
+    ]

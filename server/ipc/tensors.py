@@ -43,6 +43,13 @@ class Outbox:
             return start - self._start
         return None
 
+    def copy_bytes(self, arrays: list[np.ndarray | None]) -> int:
+        """How many bytes ``pack`` will copy for these tensors (those not in the arena): the
+        size that decides whether packing runs off the event loop."""
+        return sum(
+            a.nbytes for a in arrays if a is not None and self.offset_of(a) is None
+        )
+
     def store(self, data: np.ndarray) -> int | None:
         """Copy ``data`` into a new block: its offset (the caller frees it), None when full."""
         offset = self._allocate(data.nbytes)

@@ -122,18 +122,19 @@ def test_small_request_is_answered_as_in_process(models: Path) -> None:
 
 def test_large_tensors_travel_through_the_arenas_and_are_freed(models: Path) -> None:
     async def body(seam: Seam) -> None:
-        data = np.random.default_rng(1).random((4, 65536), dtype=np.float32)  # 1 MiB
+        # 2 MiB: over OFF_LOOP_BYTES, so both copies into the arenas run on threads.
+        data = np.random.default_rng(1).random((4, 131072), dtype=np.float32)
         # In the arena already (as an HTTP body would be): sent by offset, not copied.
         block = seam.pool.acquire(data.nbytes)
         inside = np.frombuffer(block.view, dtype=np.float32).reshape(data.shape)
         inside[...] = data
-        response = await seam.client.infer(ident_request(4, 65536, inside))
+        response = await seam.client.infer(ident_request(4, 131072, inside))
         assert np.array_equal(response.outputs[0].data, data)
         assert response.on_release is not None  # a view of the executor's output arena
         response.release()
         block.release()
         # Not in the arena (a gRPC message's bytes): copied into a block, freed on the answer.
-        response = await seam.client.infer(ident_request(4, 65536, data.copy()))
+        response = await seam.client.infer(ident_request(4, 131072, data.copy()))
         assert np.array_equal(response.outputs[0].data, data)
         response.release()
         assert seam.pool.bytes_in_use == 0
@@ -169,6 +170,8 @@ def test_control_calls_answer_with_the_executor_state(models: Path) -> None:
         assert await client.model_metadata("simple", "") == await plane.model_metadata("simple", "")
         assert await client.model_config("simple", "") == await plane.model_config("simple", "")
         assert await client.repository_index(False) == await plane.repository_index(False)
+        await client.model_spec("simple", "")  # cached, as the transports' decoding does
+        assert client._specs
         await client.infer(add_sub_request())
         stats = await client.statistics("simple", "")
         assert stats == await plane.statistics("simple", "")
