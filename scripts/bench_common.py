@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # on 2 cores, spinning pool threads distort every figure. This module imports neither numpy nor
 # onnxruntime at import time so that a benchmark can set these first.
 PINNED_THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_ORT_THREAD = "--backend-config=onnxruntime,intra_op_thread_count=1"
 #: How the benchmarks start tensorgate: every endpoint on loopback and a free port (the default
 #: 0.0.0.0:8001 would be public and, with grpcio's SO_REUSEPORT, shared with any other
 #: server), ONNX Runtime pinned to one intra-op thread.
@@ -45,7 +46,7 @@ LOOPBACK_SERVER_ARGS = (
     "--grpc-address=127.0.0.1",
     "--metrics-port=0",
     "--metrics-address=127.0.0.1",
-    "--backend-config=onnxruntime,intra_op_thread_count=1",
+    ONE_ORT_THREAD,
 )
 
 _STALL_S = 60.0  # a request still unanswered this long after the cell's end is an error

@@ -16,8 +16,7 @@ each perf_analyzer run divided by the requests the server's statistics counted i
 tensorgate's processes are grouped by role (supervisor, executor, front ends; in one-process
 mode the single process), Triton's as ``tritonserver`` and its python backend stubs, and
 perf_analyzer's own CPU comes from its rusage. A second table starts tensorgate afresh with
-``--frontends`` 0, 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run; a
-tensorgate that does not accept ``--frontends`` has that table skipped.
+``--frontends`` 0, 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
 
     python scripts/bench_vs_triton.py [--rows simple-http,mlp-on,...] [--repeat 3]
         [--frontends-sweep on|off] [--tensorgate-args "--frontends=2"] [--json PATH]
@@ -68,6 +67,7 @@ if __package__ in (None, ""):  # run as a file: make the `scripts` package impor
 
 from scripts.bench_common import (
     LOOPBACK_SERVER_ARGS,
+    ONE_ORT_THREAD,
     PINNED_THREADS,
     fmt_number,
     fmt_ratio,
@@ -76,7 +76,6 @@ from scripts.bench_common import (
 
 REPOSITORY = ROOT / "examples" / "model_repository"
 MLP_OFF = "mlp_nobatch"
-TENSORGATE_ARGS = LOOPBACK_SERVER_ARGS
 _HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _START_TIMEOUT_S = 120.0  # Triton starts a python stub per model instance: tens of seconds
@@ -193,10 +192,6 @@ def cpu_s(process: psutil.Process) -> float | None:
     return float(times.user + times.system)
 
 
-class FlagNotAccepted(RuntimeError):
-    """The server refused a command-line flag (today's main has no ``--frontends``)."""
-
-
 class ServerProcess:
     """A server started here, in its own session, with its output kept for error reports."""
 
@@ -301,7 +296,7 @@ class Tensorgate(ServerProcess):
         self.args = list(extra_args)
         super().__init__(
             [sys.executable, "-m", "server", f"--model-repository={repository}",
-             *TENSORGATE_ARGS, *extra_args],
+             *LOOPBACK_SERVER_ARGS, *extra_args],
             {**os.environ, **PINNED_THREADS, "PYTHONUNBUFFERED": "1"},
         )
 
@@ -312,15 +307,6 @@ class Tensorgate(ServerProcess):
         match = _GRPC_STARTED.search(line)
         if match and self.grpc_port is None:
             self.grpc_port = int(match.group(1))
-
-    def wait_ready(self, timeout: float = _START_TIMEOUT_S) -> None:
-        try:
-            super().wait_ready(timeout)
-        except RuntimeError as error:
-            log = self.log_tail()
-            if self.proc.poll() is not None and "unrecognized arguments" in log:
-                raise FlagNotAccepted(log.strip().splitlines()[-1]) from error
-            raise
 
     def processes(self) -> list[tuple[str, psutil.Process]]:
         root = psutil.Process(self.proc.pid)
@@ -542,7 +528,6 @@ def start(server: ServerProcess, stack: ExitStack) -> ServerProcess:
 class Results:
     main: list[Measurement] = field(default_factory=list)
     sweep: list[Measurement] = field(default_factory=list)
-    sweep_skipped: str | None = None
     seconds: float = 0.0
 
 
@@ -600,12 +585,7 @@ def sweep(
         for count in args.sweep_values:
             label = f"--frontends={count}"
             with ExitStack() as stack:
-                try:
-                    server = start(Tensorgate(repository, [*tg_args, label]), stack)
-                except FlagNotAccepted as error:
-                    results.sweep_skipped = f"tensorgate does not accept --frontends ({error})"
-                    print(f"  skipped: {results.sweep_skipped}", file=sys.stderr, flush=True)
-                    return
+                server = start(Tensorgate(repository, [*tg_args, label]), stack)
                 measure(settings, server, SWEEP_ROW, label, warm_up=True)  # a fresh process
                 results.sweep.append(measure(settings, server, SWEEP_ROW, label))
                 progress(results.sweep[-1])
@@ -708,24 +688,21 @@ def report(args: argparse.Namespace, results: Results) -> str:
                               cpu_rows))
     if args.frontends_sweep == "on":
         out.append(f"\n### --frontends sweep: {SWEEP_ROW.title} (each a fresh tensorgate)\n")
-        if results.sweep_skipped:
-            out.append(f"skipped: {results.sweep_skipped}")
-        else:
-            triton = pick(results.sweep, "Triton", SWEEP_ROW.key)
-            sweep_rows = []
-            for label in [f"--frontends={n}" for n in args.sweep_values] + ["Triton"]:
-                values = pick(results.sweep, label, SWEEP_ROW.key)
-                total, parts, pa = cpu_cells(values)
-                sweep_rows.append([label, rate_cell(values), ratio_cell(
-                    ratio(rate(values), rate(triton))), latency_cell(values), total, parts, pa])
-            out.append(markdown_table(
-                ["server", "infer/s", "÷ Triton", "p50 / p99 ms", "CPU µs/req", "by process",
-                 "perf_analyzer µs/req"], sweep_rows))
+        triton = pick(results.sweep, "Triton", SWEEP_ROW.key)
+        sweep_rows = []
+        for label in [f"--frontends={n}" for n in args.sweep_values] + ["Triton"]:
+            values = pick(results.sweep, label, SWEEP_ROW.key)
+            total, parts, pa = cpu_cells(values)
+            sweep_rows.append([label, rate_cell(values), ratio_cell(
+                ratio(rate(values), rate(triton))), latency_cell(values), total, parts, pa])
+        out.append(markdown_table(
+            ["server", "infer/s", "÷ Triton", "p50 / p99 ms", "CPU µs/req", "by process",
+             "perf_analyzer µs/req"], sweep_rows))
     notes = [
         (f"perf_analyzer: time windows of {args.window_ms} ms, stability {args.stability} %, "
          f"at most {args.max_trials} windows; † = did not stabilise, rerun over exactly 3 "
          "windows."),
-        f"tensorgate: {' '.join(TENSORGATE_ARGS[-1:])} {args.tensorgate_args}".rstrip()
+        f"tensorgate: {ONE_ORT_THREAD} {args.tensorgate_args}".rstrip()
         + f"; {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at the "
         f"end; run took {results.seconds:.0f} s.",
     ]
@@ -789,8 +766,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(
             {"main": [asdict(m) for m in results.main],
-             "sweep": [asdict(m) for m in results.sweep],
-             "sweep_skipped": results.sweep_skipped}, indent=1, default=str))
+             "sweep": [asdict(m) for m in results.sweep]},
+            indent=1, default=str))
     return 0
 
 

@@ -17,7 +17,7 @@ DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool
 def default_frontends() -> int:
     """One front end per core this process may run on, at least 2; 0 on a single core."""
     cores = len(os.sched_getaffinity(0))
-    return max(2, cores) if cores >= 2 else 0
+    return cores if cores >= 2 else 0
 
 
 @dataclass(frozen=True)

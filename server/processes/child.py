@@ -124,8 +124,8 @@ def die_with_parent() -> None:
 
 def ignore_interrupts() -> None:
     """Ignore SIGINT: Ctrl-C in a terminal reaches the whole process group, and the supervisor
-    forwards the stop in order (front ends first). Call it after anything that installs its
-    own SIGINT handler (``server.shutdown.Shutdown.install`` does)."""
+    forwards the stop in order (front ends first). The children's own ``Shutdown`` handles
+    SIGTERM only, so it leaves this in place."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -235,7 +235,6 @@ class _Supervisor:
         self._frontends = [_Child(FRONTEND, index, modules[1]) for index in range(frontends)]
         self._selector = selectors.DefaultSelector()
         self._signals: list[int] = []
-        self._stop_started: float | None = None
         self._exited: list[_Child] = []  # reaped since the phase last looked
         self._wakeup_r, self._wakeup_w = os.pipe()
         os.set_blocking(self._wakeup_r, False)
@@ -331,7 +330,6 @@ class _Supervisor:
     def _stop(self) -> int:
         """The asked-for stop: front ends (they finish what is in flight), then the executor."""
         started = time.monotonic()
-        self._stop_started = started
         signum = self._signals[0]
         log.info("%s: stopping the front ends, then the executor", signal.Signals(signum).name)
         self._stop_all(started)
