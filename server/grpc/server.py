@@ -36,8 +36,6 @@ MAX_PING_STRIKES = 2
 SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
     ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
-    # grpcio shares ports by default: a second server would silently split traffic.
-    ("grpc.so_reuseport", 0),
     ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
     ("grpc.http.overload_protection", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
@@ -80,8 +78,9 @@ class GrpcServer:
     ) -> None:
         """``share_port``: several front ends listen on one port (SO_REUSEPORT)."""
         self._dataplane = dataplane
-        options = [o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport"]
-        options.append(("grpc.so_reuseport", int(share_port)))
+        # grpcio shares ports by default: a second server would silently split traffic. Only
+        # the front ends of one server share theirs (the supervisor has made sure it is ours).
+        options = [*SERVER_OPTIONS, ("grpc.so_reuseport", int(share_port))]
         self._server = grpc.aio.server(options=options)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()

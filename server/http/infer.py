@@ -37,8 +37,10 @@ from server.protocol.types import InferRequest
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
 
-#: The route, as Tornado matches it: against the path before any ``?``, still percent-encoded.
-INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+#: A model's routes, and its infer route as Tornado matches it: against the path before any
+#: ``?``, still percent-encoded.
+MODEL_PATH = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+INFER_PATH = re.compile(MODEL_PATH + "/infer$")
 
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
 _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is read and dropped

@@ -14,7 +14,7 @@ from tornado import httputil
 from tornado.http1connection import HTTP1Connection
 
 from server.http.base import BaseHandler, NotFoundHandler
-from server.http.infer import INFER_PATH, InferExchange, InferService
+from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
 from server.http.metadata import (
     LiveHandler,
     ModelConfigHandler,
@@ -33,7 +33,7 @@ from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.settings import Settings
 
-_MODEL = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+_MODEL = MODEL_PATH
 _SHARED_MEMORY = (
     r"/v2/(systemsharedmemory|cudasharedmemory)(?:/region/([^/]+))?/(status|register|unregister)"
 )
@@ -63,7 +63,7 @@ def make_app(dataplane: Plane, settings: Settings) -> tornado.web.Application:
             (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),
             (_MODEL + r"/config", ModelConfigHandler, common),
-            (INFER_PATH.pattern.removesuffix("$"), InferMethodNotAllowed, common),
+            (MODEL_PATH + "/infer", InferMethodNotAllowed, common),
             (_MODEL, ModelMetadataHandler, common),
         ],
         default_handler_class=NotFoundHandler,

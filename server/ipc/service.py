@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -104,22 +105,34 @@ class ExecutorService:
     async def _welcome(self, sock: socket.socket) -> None:
         sock.setblocking(True)
         sock.settimeout(_HANDSHAKE_TIMEOUT_S)
+        fd: int | None = None
+        peer: Arena | None = None
         try:
-            body, fd = await asyncio.to_thread(receive_hello, sock)
+            body, received = await asyncio.to_thread(receive_hello, sock)
+            fd = received
             hello = m.decode_hello(body)
             # Mapping pre-faults every page, pinning is a driver call: neither on the loop,
             # which serves the other front ends meanwhile.
-            peer = await asyncio.to_thread(Arena.attach, fd, hello.arena_bytes, writable=True)
+            attached = await asyncio.to_thread(
+                Arena.attach, received, hello.arena_bytes, writable=True
+            )
+            fd, peer = None, attached  # the arena owns the fd now
             if self.on_connected is not None:
-                await asyncio.to_thread(self.on_connected, peer)
+                await asyncio.to_thread(self.on_connected, attached)
             out = await asyncio.to_thread(Arena.create, self._output_bytes)
             reply = m.encoder().encode(m.Hello("executor", 0, out.size))
             await asyncio.to_thread(send_hello, sock, reply, out.fd)
         except (OSError, ConnectionError, m.DecodeError, ValueError) as exc:
             log.error("a front end failed to connect: %s", exc)
             sock.close()
+            if fd is not None:
+                os.close(fd)
+            if peer is not None:  # (the result arena, if made, is unreferenced and goes too)
+                if self.on_released is not None:
+                    self.on_released(peer)
+                peer.close()
             return
-        connection = _Connection(hello.index, peer, out)
+        connection = _Connection(hello.index, attached, out)
         connection.channel = await Channel.open(
             sock,
             m.to_executor_decoder(),

@@ -162,6 +162,15 @@ def test_one_connection_serves_infer_and_the_application_in_turn() -> None:
     run(scenario)
 
 
+async def serves_a_good_request(served: Served) -> None:
+    """The server still answers a valid request, on a fresh connection."""
+    reader, writer = await served.connect()
+    writer.write(infer_request())
+    status, _, body = await read_answer(reader)
+    assert status == 200, body
+    writer.close()
+
+
 def test_other_methods_on_the_infer_route_are_the_application_s_405() -> None:
     async def scenario(served: Served) -> None:
         reader, writer = await served.connect()
@@ -169,6 +178,7 @@ def test_other_methods_on_the_infer_route_are_the_application_s_405() -> None:
         status, _headers, body = await read_answer(reader)
         assert (status, json.loads(body)) == (405, {"error": "Method Not Allowed"})
         writer.close()
+        await serves_a_good_request(served)
 
     run(scenario)
 
@@ -209,6 +219,7 @@ def test_a_stalled_body_is_cut_off_and_its_buffer_freed(caplog: pytest.LogCaptur
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing said
         await until(lambda: served.pool.bytes_in_use == 0)
         writer.close()
+        await serves_a_good_request(served)
 
     with caplog.at_level(logging.INFO, logger="tornado.general"):
         run(scenario, Settings(http_body_timeout_secs=0.2))  # type: ignore[arg-type]
@@ -284,6 +295,10 @@ def test_a_fault_behind_the_plane_is_500_and_logged(caplog: pytest.LogCaptureFix
         status, _, body = await read_answer(reader)
         assert (status, json.loads(body)) == (500, {"error": "RuntimeError: boom"})
         assert served.pool.bytes_in_use == 0
+        served.plane.fault = None  # the same connection serves the next request
+        writer.write(infer_request())
+        status, _, body = await read_answer(reader)
+        assert status == 200, body
         writer.close()
 
     with caplog.at_level(logging.ERROR, logger="server.http"):

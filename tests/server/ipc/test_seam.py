@@ -294,3 +294,35 @@ def test_a_front_end_arena_is_pinned_on_connect_and_unpinned_once_it_is_gone(
             seam.listener.close()
             await seam.dataplane._repository.close()
     asyncio.run(main())
+
+
+def test_a_failed_introduction_leaks_nothing_and_others_still_connect(
+    models: Path, tmp_path: Path
+) -> None:
+    """A peer whose first message is garbage (with an fd, or an arena of a wrong size) is
+    dropped: the fd it sent is closed, and front ends introducing themselves properly are
+    served."""
+    import os
+
+    from server.ipc.channel import send_hello
+
+    async def body(seam: Seam) -> None:
+        loop = asyncio.get_running_loop()
+        path = str(models.parent / "control.sock")
+        before = len(os.listdir("/proc/self/fd"))
+        for hello in (b"garbage", m.encoder().encode(m.Hello("frontend", 9, 12345))):
+            read_end, write_end = os.pipe()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await loop.run_in_executor(None, sock.connect, path)
+            send_hello(sock, hello, read_end)
+            os.close(read_end)
+            os.close(write_end)
+            assert await loop.run_in_executor(None, sock.recv, 1) == b""  # dropped
+            sock.close()
+        for _ in range(100):
+            if len(os.listdir("/proc/self/fd")) <= before:
+                break
+            await asyncio.sleep(0.01)
+        assert len(os.listdir("/proc/self/fd")) <= before
+        assert (await seam.client.infer(add_sub_request())).outputs
+    run(models, body)
