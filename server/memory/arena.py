@@ -29,14 +29,10 @@ from typing import Self, SupportsIndex
 import numpy as np
 
 from server.errors import Unavailable
-from server.memory.host_pool import PoolStats
 
 PAGE = mmap.PAGESIZE
 _NAME = "tensorgate-arena"
 _CHUNKED_START = 1 << 16  # what a chunked body's first buffer holds (server.http.body)
-# MAP_POPULATE pre-faults the whole mapping in the mmap call; where the module lacks it, every
-# page is touched once instead.
-_POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def _round_to_pages(size: int) -> int:
@@ -55,44 +51,39 @@ class Arena:
 
     __slots__ = ("_address", "_array", "_closed", "_fd", "_mmap", "_size", "_whole", "writable")
 
-    def __init__(self, fd: int, size: int, writable: bool, populate: bool = True) -> None:
-        """Map ``size`` bytes of ``fd``; use ``create`` or ``attach``. Takes over ``fd``."""
+    def __init__(self, fd: int, size: int, writable: bool) -> None:
+        """Map ``size`` bytes of ``fd``, pre-faulted (``MAP_POPULATE``); use ``create`` or
+        ``attach``. Takes over ``fd``."""
         self._fd = fd
         self._size = size
         self.writable = writable
         self._closed = False
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
+        flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
         self._mmap: mmap.mmap | None = mmap.mmap(fd, size, flags=flags, prot=prot)
         self._whole: memoryview | None = memoryview(self._mmap)
         self._array: np.ndarray | None = np.frombuffer(self._mmap, dtype=np.uint8)
         self._address = int(self._array.ctypes.data)
-        if populate and not _POPULATE:
-            _touch(self._array, writable)
 
     @classmethod
-    def create(cls, size: int, populate: bool = True) -> Arena:
+    def create(cls, size: int) -> Arena:
         """A new writable arena of ``size`` bytes rounded up to whole pages, zero-filled."""
         if size <= 0:
             raise ValueError(f"an arena needs a positive size, not {size}")
         size = _round_to_pages(size)
-        sealing = getattr(os, "MFD_ALLOW_SEALING", 0)
-        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC | sealing)
+        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
-            if sealing:
-                fcntl.fcntl(
-                    fd,
-                    fcntl.F_ADD_SEALS,
-                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
-                )
-            return cls(fd, size, writable=True, populate=populate)
+            fcntl.fcntl(
+                fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            )
+            return cls(fd, size, writable=True)
         except BaseException:
             os.close(fd)
             raise
 
     @classmethod
-    def attach(cls, fd: int, size: int, writable: bool, populate: bool = True) -> Arena:
+    def attach(cls, fd: int, size: int, writable: bool) -> Arena:
         """Map an arena another process created, from its fd (received over ``SCM_RIGHTS`` or
         inherited). The arena takes over ``fd`` and closes it in ``close()``; on failure the
         fd is left to the caller."""
@@ -101,7 +92,7 @@ class Arena:
         actual = os.fstat(fd).st_size
         if actual < size:
             raise ValueError(f"the arena fd holds {actual} bytes, fewer than the {size} expected")
-        return cls(fd, size, writable=writable, populate=populate)
+        return cls(fd, size, writable=writable)
 
     @property
     def fd(self) -> int:
@@ -169,15 +160,6 @@ class Arena:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _touch(array: np.ndarray, writable: bool) -> None:
-    """Fault every page in once (where ``MAP_POPULATE`` is missing)."""
-    pages = array[::PAGE]
-    if writable:
-        pages[:] = pages  # a write fault allocates the page; the bytes stay as they are
-    else:
-        int(pages.sum())
 
 
 class ArenaAllocator:
@@ -305,14 +287,13 @@ class ArenaBuffer:
     is where the block starts in the arena (what crosses to the executor), and ``release()``
     frees the block once."""
 
-    __slots__ = ("_block", "_pool", "_released", "offset", "pinned", "view")
+    __slots__ = ("_block", "_pool", "_released", "offset", "view")
 
     def __init__(self, pool: ArenaPool, offset: int, block: memoryview, nbytes: int) -> None:
         self._pool = pool
         self._block = block
         self._released = False
         self.offset = offset
-        self.pinned = pool.pins
         self.view = block[:nbytes]
 
     @property
@@ -336,71 +317,32 @@ class ArenaBuffer:
 
 class ArenaPool:
     """Request-body buffers from an arena's blocks: a ``BufferSource``, as ``HostBufferPool``.
+    When no block fits, either because the arena is busy or because the request is larger
+    than the arena can ever hold, ``acquire`` raises ``Unavailable`` (503) before any byte is
+    stored."""
 
-    ``pinned`` says whether the arena is registered with CUDA (by whichever process copies
-    from it); the buffers report it, as pinned ``HostBuffer``s do. When no block fits, either
-    because the arena is busy or because the request is larger than the arena can ever hold,
-    ``acquire`` raises ``Unavailable`` (503) before any byte is stored.
-    """
-
-    def __init__(self, arena: Arena, min_block: int = PAGE, pinned: bool = False) -> None:
-        self._arena = arena
-        self._allocator = ArenaAllocator(arena.size, min_block)
+    def __init__(self, arena: Arena) -> None:
+        self._allocator = ArenaAllocator(arena.size)
         self._whole = arena.view(0, arena.size)
-        self._pinned = pinned
-        self._acquisitions = 0
-        self._refusals = 0
-
-    @property
-    def arena(self) -> Arena:
-        return self._arena
 
     @property
     def allocator(self) -> ArenaAllocator:
         return self._allocator
 
     @property
-    def pins(self) -> bool:
-        """Whether the buffers are pinned memory (the arena is registered with CUDA)."""
-        return self._pinned
-
-    @property
     def bytes_in_use(self) -> int:
         """Bytes of the blocks handed out and not yet released."""
         return self._allocator.bytes_in_use
-
-    @property
-    def refusals(self) -> int:
-        """How many acquisitions found no block (each a 503)."""
-        return self._refusals
 
     def footprint(self, nbytes: int | None) -> int:
         """The bytes a buffer for ``nbytes`` takes (its block; chunked bodies start at 64
         KiB)."""
         return self._allocator.block_size(_CHUNKED_START if nbytes is None else nbytes)
 
-    def stats(self) -> PoolStats:
-        """``HostBufferPool``'s figures: the arena is allocated once (``allocations`` 0) and
-        every acquisition is a reuse; its free bytes are the cache."""
-        in_use = self._allocator.bytes_in_use
-        size = self._allocator.size
-        pinned = size if self._pinned else 0
-        return PoolStats(
-            pinned_limit=pinned,
-            pinned_total=pinned,
-            pinned_used=in_use if self._pinned else 0,
-            pageable_used=0 if self._pinned else in_use,
-            cached_bytes=size - in_use,
-            allocations=0,
-            reuses=self._acquisitions,
-            pageable_fallbacks=0,
-        )
-
     def acquire(self, nbytes: int) -> ArenaBuffer:
         """A block of at least ``nbytes``, or ``Unavailable`` when none fits now."""
         offset = self._allocator.allocate(nbytes)
         if offset is None:
-            self._refusals += 1
             block = self._allocator.block_size(nbytes)
             if block > self._allocator.size:
                 raise Unavailable(
@@ -412,7 +354,6 @@ class ArenaPool:
                 f"({self._allocator.bytes_in_use} of {self._allocator.size} bytes in use); "
                 "retry later"
             )
-        self._acquisitions += 1
         capacity = self._allocator.capacity(offset)
         return ArenaBuffer(self, offset, self._whole[offset : offset + capacity], nbytes)
 

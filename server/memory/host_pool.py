@@ -79,7 +79,6 @@ class PooledBuffer(Protocol):
     block (``server.memory.arena.ArenaBuffer``)."""
 
     view: memoryview  # the bytes asked for (or set by ``resize``)
-    pinned: bool
 
     @property
     def capacity(self) -> int: ...
@@ -94,16 +93,11 @@ class BufferSource(Protocol):
     ``ArenaPool`` in a front end."""
 
     @property
-    def pins(self) -> bool: ...
-
-    @property
     def bytes_in_use(self) -> int: ...
 
     def footprint(self, nbytes: int | None) -> int: ...
 
     def acquire(self, nbytes: int) -> PooledBuffer: ...
-
-    def stats(self) -> PoolStats: ...
 
 
 class HostBuffer:

@@ -17,7 +17,6 @@ import pytest
 
 from server.errors import Unavailable
 from server.http.body import BodyReceiver, admit
-from server.memory import arena as arena_module
 from server.memory.arena import PAGE, Arena, ArenaAllocator, ArenaPool
 from server.memory.host_pool import BufferSource, HostBufferPool
 
@@ -109,17 +108,11 @@ def test_close_is_idempotent_and_leaves_live_views_readable() -> None:
 
 def test_close_without_views_unmaps() -> None:
     made = Arena.create(PAGE)
+    address = made.address
     made.close()
     assert made.closed
-
-
-def test_without_map_populate_every_page_is_touched(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(arena_module, "_POPULATE", 0)
-    with Arena.create(8 * PAGE) as made:
-        assert not made.array.any()
-        made.array[:] = 7
-        with Arena.attach(os.dup(made.fd), made.size, writable=False) as peer:
-            assert (peer.array == 7).all()
+    mapped = [line.split()[0] for line in Path("/proc/self/maps").read_text().splitlines()]
+    assert not any(int(r.split("-")[0], 16) <= address < int(r.split("-")[1], 16) for r in mapped)
 
 
 def test_a_second_mapping_of_the_fd_shares_the_bytes(arena: Arena) -> None:
@@ -355,7 +348,6 @@ def test_a_pool_buffer_is_a_block_of_the_arena(arena: Arena) -> None:
     pool = ArenaPool(arena)
     buffer = pool.acquire(10_000)
     assert len(buffer.view) == 10_000 and buffer.capacity == 16 * KIB
-    assert not buffer.pinned and not pool.pins
     buffer.view[:4] = b"body"
     assert bytes(arena.view(buffer.offset, 4)) == b"body"
     other = pool.acquire(10_000)
@@ -383,7 +375,6 @@ def test_a_full_arena_is_unavailable_before_anything_is_stored(arena: Arena) -> 
     assert busy.value.http_status == 503
     with pytest.raises(Unavailable, match="does not fit in the server's 1048576-byte"):
         pool.acquire(1 * MIB + 1)
-    assert pool.refusals == 2
     assert pool.bytes_in_use == 768 * KIB
     held.release()
     pool.acquire(300 * KIB).release()
@@ -396,25 +387,6 @@ def test_footprint_is_the_block_a_body_takes(arena: Arena) -> None:
     assert pool.footprint(100_000) == 128 * KIB
     assert pool.footprint(None) == 64 * KIB, "a chunked body starts with 64 KiB"
     assert HostBufferPool.footprint(None) == 64 * KIB
-
-
-def test_stats_read_as_the_host_pools(arena: Arena) -> None:
-    pool = ArenaPool(arena)
-    buffer = pool.acquire(1)
-    stats = pool.stats()
-    assert (stats.pageable_used, stats.cached_bytes, stats.reuses) == (
-        4 * KIB,
-        arena.size - 4 * KIB,
-        1,
-    )
-    assert (stats.pinned_limit, stats.pinned_used, stats.allocations) == (0, 0, 0)
-    buffer.release()
-    pinned = ArenaPool(arena, pinned=True)
-    buffer = pinned.acquire(1)
-    assert buffer.pinned and pinned.pins
-    stats = pinned.stats()
-    assert (stats.pinned_limit, stats.pinned_used, stats.pageable_used) == (arena.size, 4 * KIB, 0)
-    buffer.release()
 
 
 def test_the_body_receiver_takes_an_arena_pool(arena: Arena) -> None:
