@@ -85,7 +85,6 @@ class InferExchange(httputil.HTTPMessageDelegate):
         self._receiver: http_body.BodyReceiver | None = None
         self._task: asyncio.Task[None] | None = None
         self._body_deadline: asyncio.TimerHandle | None = None
-        self._started = False  # the task's coroutine has begun (its finally releases the body)
         self._drained_refusal = False
         self._headers_written = False
         self._finished = False
@@ -183,14 +182,17 @@ class InferExchange(httputil.HTTPMessageDelegate):
             self._end()
         elif self._receiver is not None:
             self._task = asyncio.ensure_future(self._serve())
+            # When the task is done, whether it ran or was cancelled before it started: only
+            # then does nothing use the body (threads it waited for are done too).
+            self._task.add_done_callback(lambda _: self._release())
 
     def on_connection_close(self) -> None:
         """The client went away: drop its request (a queued one never runs). The buffer is
-        released by the task once nothing uses it any more, or here if the task never ran."""
+        released once the task is done, or here if there is none."""
         self._body_read()
-        if self._task is None or not self._started:
+        if self._task is None:
             self._release()
-        if self._task is not None:
+        else:
             self._task.cancel()
 
     def _release(self) -> None:
@@ -201,7 +203,6 @@ class InferExchange(httputil.HTTPMessageDelegate):
     # --- serving --------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        self._started = True
         try:
             with self._service.dataplane.gate.admit():
                 await self._infer()
@@ -210,8 +211,6 @@ class InferExchange(httputil.HTTPMessageDelegate):
         except Exception as exc:  # noqa: BLE001 - every failure becomes one {"error": ...}
             where = f"for request id {self._request_id!r} to model '{self._model}'"
             self._send_error(reported(exc, log, where))
-        finally:
-            self._release()
 
     async def _infer(self) -> None:
         assert self._receiver is not None
