@@ -256,21 +256,16 @@ class _Supervisor:
             return SECOND_SIGNAL_STATUS
 
     def _run(self) -> int:
-        self._start(self._executor)
-        while not self._executor.ready:
-            self._pump(None)
-            if self._signals:
-                return self._stop()
-            if self._exited:
-                return self._failed_start(self._exited[0])
-        for frontend in self._frontends:
-            self._start(frontend)
-        while not all(frontend.ready for frontend in self._frontends):
-            self._pump(None)
-            if self._signals:
-                return self._stop()
-            if self._exited:
-                return self._failed_start(self._exited[0])
+        # The executor first (it loads the models), then the front ends that connect to it.
+        for phase in ([self._executor], self._frontends):
+            for child in phase:
+                self._start(child)
+            while not all(child.ready for child in phase):
+                self._pump(None)
+                if self._signals:
+                    return self._stop()
+                if self._exited:
+                    return self._failed_start(self._exited[0])
         if self._sockets.http_port is not None:
             log.info(
                 "Started HTTPService at %s:%d", self._settings.http_address, self._sockets.http_port
