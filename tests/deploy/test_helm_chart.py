@@ -26,6 +26,7 @@ from tests.deploy.manifests import (
     by_kind,
     lint_chart,
     needs_helm,
+    needs_helm_sdk,
     one,
     parse_promql,
     render_chart,
@@ -169,6 +170,8 @@ TOGGLES: dict[str, dict[str, Any]] = {
         "autoscaling": {"keda": {"enabled": True}},
         "modelRepository": {"source": "initContainer"},
         "imagePullSecrets": [{"name": "registry"}],
+        "strategy": {"type": "RollingUpdate",
+                     "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "runtimeClassName": "nvidia",
         "podAnnotations": {"x": "y"},
         "podLabels": {"team": "ml"},
@@ -302,6 +305,7 @@ def test_deployment_shape(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         assert mounts["/models"]["readOnly"] is True  # the server only reads what it fetched
     if toggle == "everything":
         assert spec["runtimeClassName"] == "nvidia"
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
         assert pod["metadata"]["labels"]["team"] == "ml"
         assert mounts["/tmp"]["name"] == "tmp"
 
@@ -426,7 +430,7 @@ def test_bad_values_are_refused(values: dict[str, Any], message: str) -> None:
         render_chart(values)
 
 
-@needs_helm
+@needs_helm_sdk
 def test_notes() -> None:
     notes = render_notes()
     assert f"deployment/{FULLNAME}" in notes and "/v2/health/ready" in notes
