@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+
+from server.cpu_quota import usable_cores
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT_SIZE
 DEFAULT_HTTP_MAX_HEADER_SIZE = 1 << 16  # request line + headers, Tornado's default
@@ -15,8 +16,9 @@ DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool
 
 
 def default_frontends() -> int:
-    """One front end per core this process may run on, at least 2; 0 on a single core."""
-    cores = len(os.sched_getaffinity(0))
+    """One front end per core this process may use (affinity and container CPU quota), at
+    least 2; 0 on a single core."""
+    cores = usable_cores()
     return cores if cores >= 2 else 0
 
 

@@ -96,7 +96,7 @@ def test_runtime_args_are_a_tensorgate_launch_line() -> None:
     assert (settings.http_port, settings.grpc_port) == (KSERVE_HTTP_PORT, KSERVE_GRPC_PORT)
     assert settings.allow_http and settings.allow_grpc and settings.allow_metrics
     assert settings.metrics_config == {"histogram_latencies": True}
-    assert settings.frontends is not None  # the node's core count would be too many
+    assert settings.frontends is not None  # without a CPU limit, one per node core is too many
 
 
 def test_prometheus_annotations_name_the_metrics_endpoint() -> None:

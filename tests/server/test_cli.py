@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from server import settings
 from server.cli import build_parser, parse_settings
 from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE
 from tests.server_process import ROOT
@@ -144,7 +144,7 @@ def test_frontends_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_settings(["--model-repository=/m", "--frontends", "3"]).frontend_count() == 3
     default = parse_settings(["--model-repository=/m"])
     for cores, expected in ((1, 0), (2, 2), (3, 3), (16, 16)):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        monkeypatch.setattr(settings, "usable_cores", lambda n=cores: n)
         assert default.frontend_count() == expected, cores
     assert "--frontends" in build_parser().format_help()
 
