@@ -70,6 +70,46 @@ def test_non_utf8_file_is_a_load_error(tmp_path: Path) -> None:
         read_config(tmp_path)
 
 
+def _custom(model_dir: Path, name: str, text: str) -> None:
+    (model_dir / "configs").mkdir(parents=True, exist_ok=True)
+    (model_dir / "configs" / f"{name}.pbtxt").write_text(text)
+
+
+def test_model_config_name_picks_the_custom_file(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text("max_batch_size: 8\n")
+    _custom(tmp_path, "h100", "max_batch_size: 32\n")
+    assert model_config.config_file(tmp_path) == "config.pbtxt"
+    assert model_config.config_file(tmp_path, "h100") == "configs/h100.pbtxt"
+    assert read_config(tmp_path, "h100").max_batch_size == 32
+    assert read_config(tmp_path).max_batch_size == 8
+
+
+def test_without_the_custom_file_the_default_one_is_read(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text("max_batch_size: 8\n")
+    _custom(tmp_path, "a100", "max_batch_size: 16\n")
+    assert model_config.config_file(tmp_path, "h100") == "config.pbtxt"
+    assert read_config(tmp_path, "h100").max_batch_size == 8
+    (tmp_path / "config.pbtxt").unlink()
+    assert read_config(tmp_path, "h100") == mc.ModelConfig()  # auto-complete fills it
+
+
+def test_a_custom_file_is_used_without_a_default_one(tmp_path: Path) -> None:
+    _custom(tmp_path, "h100", "max_batch_size: 32\n")
+    assert read_config(tmp_path, "h100").max_batch_size == 32
+
+
+def test_errors_name_the_custom_file(tmp_path: Path) -> None:
+    model_dir = tmp_path / "mymodel"
+    _custom(model_dir, "h100", "max_batch_sise: 8\n")
+    with pytest.raises(ModelLoadError) as err:
+        read_config(model_dir, "h100")
+    assert str(err.value).startswith("failed to parse configs/h100.pbtxt of model 'mymodel': ")
+    (model_dir / "configs" / "h100.pbtxt").unlink()
+    (model_dir / "configs" / "h100.pbtxt").mkdir()
+    with pytest.raises(ModelLoadError, match="'configs/h100.pbtxt' is not a regular file"):
+        read_config(model_dir, "h100")
+
+
 def test_load_error_is_http_400() -> None:
     assert ModelLoadError("x").http_status == 400
 
