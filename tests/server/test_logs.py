@@ -173,3 +173,34 @@ def test_configure_applies_the_severity_flags(tmp_path: Path) -> None:
     test_log.error("error")
     letters = [line[0] for line in log_file.read_text().splitlines()]
     assert letters == ["D", "I", "E"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "letters"),
+    [
+        ((), {"I", "W", "E"}),
+        (("--log-info=false",), {"W", "E"}),
+        (("--log-warning=false", "--log-error", "false"), {"I"}),
+    ],
+)
+def test_severity_flags_on_a_server_that_fails_to_start(
+    tmp_path: Path, flags: tuple[str, ...], letters: set[str]
+) -> None:
+    """A model that fails to load ends the start (an error), after the warning about
+    ``--http-thread-count`` and the info lines; each flag leaves its severity out."""
+    broken = tmp_path / "models" / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text("max_batch_size: {{\n")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "server", f"--model-repository={broken.parent}",
+            "--http-port=0", "--http-address=127.0.0.1", "--grpc-port=0",
+            "--grpc-address=127.0.0.1", "--allow-metrics=false", "--http-thread-count=4",
+            *flags,
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert {line[0] for line in lines if re.match(r"[A-Z]\d{4} ", line)} == letters, lines
+    assert all(re.match(r"[A-Z]\d{4} ", line) for line in lines), lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.repository import config as model_config
 from server.repository.config import normalize, read_config, to_json, validate
+from tests.server.http.helpers import assert_simple_ok
+from tests.server_process import EXAMPLES, start_server
 
 
 def _config(text: str) -> mc.ModelConfig:
@@ -532,3 +535,34 @@ def test_valid_priority_settings_pass() -> None:
             "priority_queue_policy { key: 3 value { max_queue_size: 1 } } }"
         )
     )
+
+
+# ---- --model-config-name on a running server ------------------------------------------------
+
+
+def test_server_serves_the_config_model_config_name_picks(tmp_path: Path) -> None:
+    """``simple`` has ``configs/small.pbtxt``, ``identity_fp32`` has none: the first is served
+    with the custom config, the second with its default one; the index lists both ready."""
+    repository = tmp_path / "models"
+    for name in ("simple", "identity_fp32"):
+        shutil.copytree(EXAMPLES / name, repository / name)
+    default = (repository / "simple" / "config.pbtxt").read_text()
+    (repository / "simple" / "configs").mkdir()
+    (repository / "simple" / "configs" / "small.pbtxt").write_text(
+        default.replace("max_batch_size: 8", "max_batch_size: 2")
+    )
+    server = start_server(repository, args=("--model-config-name=small",))
+    try:
+        assert server.port is not None, server.log
+        status, _, body = server.request("GET", "/v2/models/simple/config")
+        assert status == 200 and json.loads(body)["max_batch_size"] == 2
+        status, _, body = server.request("GET", "/v2/models/identity_fp32/config")
+        assert status == 200 and json.loads(body)["max_batch_size"] == 4  # auto-completed
+        status, _, body = server.request("POST", "/v2/repository/index", b"{}")
+        assert status == 200
+        assert {(m["name"], m["state"]) for m in json.loads(body)} == {
+            ("simple", "READY"), ("identity_fp32", "READY"),
+        }
+        assert_simple_ok(server)
+    finally:
+        assert server.stop() == 0
