@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -276,3 +277,12 @@ def test_boolean_values_as_triton_writes_them() -> None:
                            ("False", False), ("0", False)):
         assert parse_settings(["--model-repository=/m", f"--allow-grpc={text}"]) \
             .allow_grpc is expected
+
+
+def test_every_flag_the_readme_names_is_known() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Command line"):readme.index("## Processes")]
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?![\w*-])", section))
+    named.discard("--flag")  # "--flag value" and "--flag=value", the value forms
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    assert named and named <= known, named - known
