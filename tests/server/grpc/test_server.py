@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -45,9 +46,12 @@ def test_the_options_reach_the_grpc_server(monkeypatch: pytest.MonkeyPatch) -> N
         built.append(dict(kwargs["options"]))
         return real(**kwargs)
 
+    async def build() -> None:  # as the servers are: on a running loop
+        GrpcServer(object(), keepalive=GrpcKeepalive(time_ms=1234, max_connection_age_ms=99))  # type: ignore[arg-type]
+        GrpcServer(object(), share_port=True)  # type: ignore[arg-type]
+
     monkeypatch.setattr(grpc_server.grpc.aio, "server", server)
-    GrpcServer(object(), keepalive=GrpcKeepalive(time_ms=1234, max_connection_age_ms=99))  # type: ignore[arg-type]
-    GrpcServer(object(), share_port=True)  # type: ignore[arg-type]
+    asyncio.run(build())
     assert built[0]["grpc.keepalive_time_ms"] == 1234
     assert built[0]["grpc.max_connection_age_ms"] == 99
     assert built[0]["grpc.so_reuseport"] == 0
