@@ -128,7 +128,7 @@ class _Parser(argparse.ArgumentParser):
         super().error("; ".join([message, *notes]))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="tensorgate",
         usage="%(prog)s [tritonserver] --model-repository=PATH [options]",
@@ -329,7 +329,6 @@ def parse_command_line(
     if words and os.path.basename(words[0]) in PROGRAM_WORDS:
         words = words[1:]
     parser = build_parser()
-    assert isinstance(parser, _Parser)
     environ = os.environ if environ is None else environ
     try:
         extra, parser.from_environment = flags_from_environment(
