@@ -202,7 +202,7 @@ async def poll_repository(
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:
-    server = GrpcServer(dataplane, pool)
+    server = GrpcServer(dataplane, pool, keepalive=settings.grpc_keepalive)
     server.bind(settings.grpc_address, settings.grpc_port)
     return server
 

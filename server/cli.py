@@ -1,14 +1,26 @@
 """tritonserver-compatible command line: a Triton launch line works unchanged.
 
 Flags take tritonserver's names and value forms: ``--flag value`` and ``--flag=value`` both
-parse, booleans are ``true|false`` values (a bare boolean flag means true).
+parse, booleans are ``true|false`` values (a bare boolean flag means true). A leading
+``tritonserver`` word is dropped (``tensorgate tritonserver --model-repository=/m``), since
+Helm charts and Triton images put the program's name first in the container's arguments.
+Every tritonserver option is known: ``server.triton_flags`` says which ones are implemented,
+which are accepted with a warning and which are refused. ``server.env_flags`` adds flags from
+``TENSORGATE_<FLAG>`` variables.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import functools
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
+from server import __version__, triton_flags
+from server.env_flags import EPILOG, EnvironmentFlagError, flags_from_environment
 from server.settings import (
     DEFAULT_CUDA_POOL_BYTES,
     DEFAULT_HTTP_BODY_TIMEOUT_SECS,
@@ -17,8 +29,13 @@ from server.settings import (
     DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
     DEFAULT_HTTP_MAX_INPUT_SIZE,
     DEFAULT_PINNED_POOL_BYTES,
+    GrpcKeepalive,
     Settings,
 )
+
+#: The words a launch line may start with before the flags.
+PROGRAM_WORDS = ("tritonserver",)
+_INT32_MAX = 2**31 - 1  # grpc core's channel arguments are C ints
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -98,16 +115,34 @@ def _metrics_config(text: str) -> tuple[str, bool]:
     return key, enabled
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """An error about a flag set from the environment also names the variable."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.from_environment: dict[str, str] = {}  # option -> its variable
+
+    def error(self, message: str) -> NoReturn:
+        notes = [f"{option} came from {name}" for option, name in self.from_environment.items()
+                 if option in message]
+        super().error("; ".join([message, *notes]))
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
         prog="tensorgate",
+        usage="%(prog)s [tritonserver] --model-repository=PATH [options]",
         description=(
             "CUDA-first inference server speaking the KServe V2 / Triton protocols. "
-            "Serves a Triton-style model repository of ONNX models."
+            "Serves a Triton-style model repository of ONNX models. A leading 'tritonserver' "
+            "word is accepted and dropped."
         ),
+        epilog=EPILOG,
         allow_abbrev=False,
     )
     flag = parser.add_argument
+    flag("--version", action="version", version=f"tensorgate {__version__}",
+         help="Print the version and exit")
 
     def bool_flag(name: str, default: bool, help_text: str) -> None:
         flag(name, type=parse_bool, nargs="?", const=True, default=default,
@@ -147,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
          help="gRPC listen address (default: 0.0.0.0)")
     flag("--grpc-port", type=_port, default=8001, metavar="PORT",
          help="gRPC port; 0 picks a free port and logs it (default: 8001)")
+    _keepalive_flags(parser)
     bool_flag("--allow-metrics", True, "Serve Prometheus metrics at /metrics")
     bool_flag("--allow-gpu-metrics", True, "Export GPU metrics (NVML) when there are GPUs")
     bool_flag("--allow-cpu-metrics", True, "Export CPU utilization and memory metrics")
@@ -154,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
          help="Metrics listen address (default: the HTTP address)")
     flag("--metrics-port", type=_port, default=8002, metavar="PORT",
          help="Metrics port; 0 picks a free port and logs it (default: 8002)")
-    flag("--metrics-interval-ms", type=int, default=2000, metavar="MS",
+    flag("--metrics-interval-ms", type=float, default=2000, metavar="MS",
          help="How often GPU and CPU metrics are sampled (default: 2000)")
     flag("--metrics-config", type=_metrics_config, action="append", default=[],
          metavar="KEY=VALUE",
@@ -174,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
               "Ready only when every model is ready; false: ready when the server is up")
     flag("--disable-auto-complete-config", action="store_true",
          help="Do not complete missing config fields from the ONNX file")
+    flag("--strict-model-config", dest="disable_auto_complete_config", type=parse_bool,
+         nargs="?", const=True, metavar="true|false",
+         help="Deprecated form of --disable-auto-complete-config: true disables auto-complete "
+              "(default: false)")
+    flag("--model-config-name", default=None, metavar="NAME",
+         help="Read each model's configs/NAME.pbtxt instead of config.pbtxt where the model "
+              "has one")
     flag("--exit-timeout-secs", type=int, default=30, metavar="SECS",
          help="Seconds to finish in-flight requests on shutdown (default: 30)")
     flag("--backend-config", type=_backend_config, action="append", default=[],
@@ -199,17 +242,115 @@ def build_parser() -> argparse.ArgumentParser:
          help="Log line prefix: default (MMDD hh:mm:ss.uuuuuu) or ISO8601 (default: default)")
     flag("--log-file", default=None, metavar="PATH",
          help="Write the log to this file instead of standard error")
+    bool_flag("--log-info", True, "Log info messages")
+    bool_flag("--log-warning", True, "Log warnings")
+    bool_flag("--log-error", True, "Log errors")
+    _not_implemented_flags(parser)
     return parser
+
+
+def _keepalive_flags(parser: argparse.ArgumentParser) -> None:
+    """gRPC connection keeping, tritonserver's flags and defaults (``GrpcKeepalive``)."""
+    default = GrpcKeepalive()
+    flag = parser.add_argument
+    flag("--grpc-keepalive-time", type=int, default=default.time_ms, metavar="MS",
+         help=f"Send a keepalive ping after this long (default: {default.time_ms})")
+    flag("--grpc-keepalive-timeout", type=int, default=default.timeout_ms, metavar="MS",
+         help="Close the connection when a keepalive ping is not answered in this long "
+              f"(default: {default.timeout_ms})")
+    flag("--grpc-keepalive-permit-without-calls", type=parse_bool, nargs="?", const=True,
+         default=default.permit_without_calls, metavar="true|false",
+         help="Send keepalive pings, and accept the client's, also while no call is in "
+              "flight (default: false)")
+    flag("--grpc-http2-max-pings-without-data", type=int,
+         default=default.max_pings_without_data, metavar="N",
+         help="Pings sent while no data is sent; 0 is no limit "
+              f"(default: {default.max_pings_without_data})")
+    flag("--grpc-http2-min-recv-ping-interval-without-data", type=int,
+         default=default.min_recv_ping_interval_without_data_ms, metavar="MS",
+         help="A client's ping sooner than this after the previous one, while no data is "
+              "sent, is a strike "
+              f"(default: {default.min_recv_ping_interval_without_data_ms})")
+    flag("--grpc-http2-max-ping-strikes", type=int, default=default.max_ping_strikes,
+         metavar="N",
+         help="Strikes after which the connection is closed (GOAWAY); 0 is no limit "
+              f"(default: {default.max_ping_strikes})")
+    flag("--grpc-max-connection-age", type=int, default=None, metavar="MS",
+         help="Ask clients to reconnect (GOAWAY) once a connection is this old "
+              "(default: no limit)")
+    flag("--grpc-max-connection-age-grace", type=int, default=None, metavar="MS",
+         help="After the max age, close the connection once this long has passed "
+              "(default: no limit)")
+
+
+def _not_implemented_flags(parser: argparse.ArgumentParser) -> None:
+    """tritonserver's other options, from ``server.triton_flags``: parsed as Triton parses
+    them, every value kept, so that start-up can warn about or refuse each."""
+    group = parser.add_argument_group("tritonserver options tensorgate does not implement")
+    for name, compat in triton_flags.not_implemented().items():
+        add = functools.partial(
+            group.add_argument, name, dest=_dest(name), action="append", default=None,
+            help=triton_flags.help_text(compat),
+        )
+        if compat.value == "bool":
+            add(type=parse_bool, nargs="?", const=True, metavar="true|false")
+        elif compat.value == "int":
+            add(type=int, metavar="N")
+        elif compat.value == "float":
+            add(type=float, metavar="X")
+        else:
+            add(metavar="VALUE")
+
+
+def _dest(name: str) -> str:
+    return "triton_" + name.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """The settings, and the warnings start-up logs once (by the process ``main`` runs)."""
+
+    settings: Settings
+    warnings: tuple[str, ...]
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     """Parse the command line into ``Settings``; exits with a message on bad flags."""
+    return parse_command_line(argv).settings
+
+
+def parse_command_line(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> CommandLine:
+    """Parse the command line (after a leading ``tritonserver``) and the ``TENSORGATE_*``
+    variables of ``environ`` (default: this process's); exits with a message on bad flags
+    (status 2) and on what tensorgate does not do (status 1)."""
+    words = list(argv if argv is not None else sys.argv[1:])
+    if words and os.path.basename(words[0]) in PROGRAM_WORDS:
+        words = words[1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    try:
+        extra, parser.from_environment = flags_from_environment(
+            parser, words, environ, parse_bool
+        )
+    except EnvironmentFlagError as exc:
+        parser.error(str(exc))
+    args = parser.parse_args([*extra, *words])
+    _check_values(parser, args)
+    warnings = _triton_options(parser, args, environ)
+    return CommandLine(_settings(args), warnings)
+
+
+def _refuse(parser: argparse.ArgumentParser, line: str) -> NoReturn:
+    parser.exit(1, f"Error: {line}\n")
+
+
+def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.load_model and args.model_control_mode != "explicit":
-        parser.exit(1, "Error: --load-model requires --model-control-mode=explicit.\n")
+        _refuse(parser, "--load-model requires --model-control-mode=explicit.")
     if "*" in args.load_model and len(args.load_model) > 1:
-        parser.exit(1, "Error: --load-model=* must be the only --load-model.\n")
+        _refuse(parser, "--load-model=* must be the only --load-model.")
     for value, name in (
         (args.http_max_input_size, "--http-max-input-size"),
         (args.http_max_header_size, "--http-max-header-size"),
@@ -220,15 +361,66 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         (args.repository_poll_secs, "--repository-poll-secs"),
     ):
         if value <= 0:
-            parser.exit(1, f"Error: {name} must be greater than 0.\n")
+            _refuse(parser, f"{name} must be greater than 0.")
     if args.http_max_inflight_bytes < args.http_max_input_size:
-        parser.exit(
-            1,
-            "Error: --http-max-inflight-bytes must be at least --http-max-input-size (one "
-            "largest body must fit).\n",
+        _refuse(
+            parser,
+            "--http-max-inflight-bytes must be at least --http-max-input-size (one largest "
+            "body must fit).",
         )
     if args.pinned_memory_pool_byte_size < 0:
-        parser.exit(1, "Error: --pinned-memory-pool-byte-size must not be negative.\n")
+        _refuse(parser, "--pinned-memory-pool-byte-size must not be negative.")
+    for value, name, least in (
+        (args.grpc_keepalive_time, "--grpc-keepalive-time", 1),
+        (args.grpc_keepalive_timeout, "--grpc-keepalive-timeout", 1),
+        (args.grpc_http2_max_pings_without_data, "--grpc-http2-max-pings-without-data", 0),
+        (args.grpc_http2_min_recv_ping_interval_without_data,
+         "--grpc-http2-min-recv-ping-interval-without-data", 0),
+        (args.grpc_http2_max_ping_strikes, "--grpc-http2-max-ping-strikes", 0),
+        (args.grpc_max_connection_age, "--grpc-max-connection-age", 1),
+        (args.grpc_max_connection_age_grace, "--grpc-max-connection-age-grace", 0),
+    ):
+        if value is not None and not least <= value <= _INT32_MAX:
+            _refuse(parser, f"{name} must be in [{least}, {_INT32_MAX}].")
+    name = args.model_config_name
+    if name is not None and (
+        not name or name in (".", "..") or any(c.isspace() or c in "/\\\0" for c in name)
+    ):
+        _refuse(parser, "--model-config-name must be a file name, without spaces or slashes.")
+
+
+def _triton_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The warnings for tritonserver options given that have no effect here; refuses (exit
+    status 1) the ones that ask for what tensorgate does not do."""
+    for path in args.model_repository:
+        if path.startswith(triton_flags.CLOUD_PREFIXES):
+            _refuse(
+                parser,
+                f"--model-repository={path} is not supported by tensorgate: cloud storage "
+                f"repositories ({', '.join(triton_flags.CLOUD_PREFIXES)}) are not "
+                "implemented; mount the models as a local folder",
+            )
+    given = {name: getattr(args, _dest(name)) for name in triton_flags.not_implemented()}
+    if environ.get("AIP_MODE") == "PREDICTION" and given["--allow-vertex-ai"] is None:
+        _refuse(
+            parser,
+            "AIP_MODE=PREDICTION turns on tritonserver's Vertex AI endpoint, which is not "
+            "supported by tensorgate: pass --allow-vertex-ai=false to serve without it",
+        )
+    warnings = []
+    for name, values in given.items():
+        if values is None:
+            continue
+        try:
+            warnings.append(triton_flags.check(name, values))
+        except triton_flags.Refusal as exc:
+            _refuse(parser, str(exc))
+    return tuple(warnings)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
@@ -246,17 +438,33 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_keepalive=GrpcKeepalive(
+            time_ms=args.grpc_keepalive_time,
+            timeout_ms=args.grpc_keepalive_timeout,
+            permit_without_calls=args.grpc_keepalive_permit_without_calls,
+            max_pings_without_data=args.grpc_http2_max_pings_without_data,
+            min_recv_ping_interval_without_data_ms=(
+                args.grpc_http2_min_recv_ping_interval_without_data
+            ),
+            max_ping_strikes=args.grpc_http2_max_ping_strikes,
+            max_connection_age_ms=args.grpc_max_connection_age,
+            max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        ),
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs,
+        model_config_name=args.model_config_name,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         disable_auto_complete_config=args.disable_auto_complete_config,
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
         backend_config=backend_config,
         allow_gpu_metrics=args.allow_gpu_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,

@@ -1,4 +1,5 @@
-"""Log set-up with tritonserver's flags: ``--log-verbose``, ``--log-format``, ``--log-file``.
+"""Log set-up with tritonserver's flags: ``--log-verbose``, ``--log-format``, ``--log-file``,
+and ``--log-info``, ``--log-warning``, ``--log-error`` (false leaves that severity out).
 
 Lines start the way Triton's do, so log tooling written for Triton keeps working:
 ``default`` is ``I1130 06:17:13.123456 4242 name] message`` (severity letter, month and day,
@@ -45,14 +46,37 @@ class TritonFormatter(logging.Formatter):
         return text
 
 
+class SeverityFilter(logging.Filter):
+    """Drops the severities turned off: info, warning, error (with critical, which Triton
+    does not have). Verbose (debug) messages follow ``--log-verbose`` alone, as in Triton."""
+
+    def __init__(self, info: bool, warning: bool, error: bool) -> None:
+        super().__init__()
+        self._off = {
+            level
+            for level, enabled in (
+                (logging.INFO, info),
+                (logging.WARNING, warning),
+                (logging.ERROR, error),
+                (logging.CRITICAL, error),
+            )
+            if not enabled
+        }
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno not in self._off
+
+
 def configure(settings: Settings) -> None:
-    """Route the root logger to standard error or ``--log-file``, at the verbosity asked."""
+    """Route the root logger to standard error or ``--log-file``, at the verbosity and with
+    the severities asked."""
     handler: logging.Handler = (
         logging.FileHandler(settings.log_file, encoding="utf-8")
         if settings.log_file
         else logging.StreamHandler(sys.stderr)
     )
     handler.setFormatter(TritonFormatter(settings.log_format))
+    handler.addFilter(SeverityFilter(settings.log_info, settings.log_warning, settings.log_error))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

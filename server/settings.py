@@ -23,6 +23,21 @@ def default_frontends() -> int:
 
 
 @dataclass(frozen=True)
+class GrpcKeepalive:
+    """The gRPC connection-keeping flags, in milliseconds; tritonserver's defaults, which are
+    grpc core's. None: grpc core's own setting (no connection age limit)."""
+
+    time_ms: int = 7_200_000  # --grpc-keepalive-time
+    timeout_ms: int = 20_000  # --grpc-keepalive-timeout
+    permit_without_calls: bool = False  # --grpc-keepalive-permit-without-calls
+    max_pings_without_data: int = 2  # --grpc-http2-max-pings-without-data
+    min_recv_ping_interval_without_data_ms: int = 300_000  # --grpc-http2-min-recv-ping-...
+    max_ping_strikes: int = 2  # --grpc-http2-max-ping-strikes
+    max_connection_age_ms: int | None = None  # --grpc-max-connection-age
+    max_connection_age_grace_ms: int | None = None  # --grpc-max-connection-age-grace
+
+
+@dataclass(frozen=True)
 class Settings:
     """Options with tritonserver's names and defaults (see ``server.cli`` for the flags)."""
 
@@ -39,16 +54,18 @@ class Settings:
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
-    metrics_interval_ms: int = 2000
+    metrics_interval_ms: float = 2000
     metrics_config: dict[str, bool] = field(default_factory=dict)  # histogram_latencies, ...
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
     repository_poll_secs: int = 15
+    model_config_name: str | None = None  # <model>/configs/<name>.pbtxt when the model has it
     exit_on_error: bool = True
     strict_readiness: bool = True
     disable_auto_complete_config: bool = False
@@ -56,6 +73,9 @@ class Settings:
     log_verbose: int = 0
     log_format: str = "default"  # default | ISO8601
     log_file: str | None = None
+    log_info: bool = True  # --log-info, --log-warning, --log-error: those severities logged
+    log_warning: bool = True
+    log_error: bool = True
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False  # Triton's current default
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES

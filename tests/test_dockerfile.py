@@ -264,6 +264,9 @@ def test_ports_healthcheck_and_entrypoint(dockerfile: Dockerfile) -> None:
     (cmd,) = final.all("CMD")
     settings = parse_settings(exec_form(cmd))  # the real CLI accepts the default arguments
     assert settings.model_repositories == ("/models",)
+    # `docker run IMAGE tritonserver --model-repository=/models`, as Triton images are run
+    tritonserver_style = parse_settings(["tritonserver", *exec_form(cmd)])
+    assert tritonserver_style.model_repositories == ("/models",)
 
     exposed = {int(p.split("/")[0]) for i in final.all("EXPOSE") for p in i.args.split()}
     assert exposed == {settings.http_port, settings.grpc_port, settings.metrics_port}
@@ -280,6 +283,17 @@ def test_ports_healthcheck_and_entrypoint(dockerfile: Dockerfile) -> None:
 
 def test_console_script_exists(pyproject: dict[str, Any]) -> None:
     assert pyproject["project"]["scripts"]["tensorgate"] == "server.main:main"
+    assert pyproject["project"]["scripts"]["tritonserver"] == "server.main:main"
+
+
+@pytest.mark.parametrize("cuda", sorted(EXTRA_FOR_CUDA))
+def test_tritonserver_is_a_command_of_the_image(dockerfile: Dockerfile, cuda: str) -> None:
+    """Pods that set `command: [tritonserver]` (or Triton's full path) start the server."""
+    chain = lineage(dockerfile, cuda)[1]
+    venv_bin = env_of(chain)["VIRTUAL_ENV"] + "/bin"
+    assert venv_bin in env_of(chain)["PATH"].split(":")  # its console scripts are on PATH
+    runs = " ".join(i.args for i in dockerfile.stages[-1].all("RUN"))
+    assert f"ln -s {venv_bin}/tritonserver /opt/tritonserver/bin/tritonserver" in runs
 
 
 def test_readme_shows_how_to_build_and_run() -> None:

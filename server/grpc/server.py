@@ -14,6 +14,7 @@ from server.generated import grpc_service_pb2 as pb
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
+from server.settings import GrpcKeepalive
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -26,21 +27,33 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 #: server's queue of calls, where other connections' calls were cancelled. grpc clients wait
 #: for a free stream instead of opening more.
 MAX_CONCURRENT_STREAMS = 1000
-#: Pings sooner than this after the previous one, while no data is sent, are strikes; past
-#: MAX_PING_STRIKES of them the connection is closed (GOAWAY ENHANCE_YOUR_CALM
-#: "too_many_pings"). Triton's defaults (``--grpc-http2-min-recv-ping-interval-without-data``,
-#: ``--grpc-http2-max-ping-strikes``), which are grpc core's, pinned here.
-MIN_PING_INTERVAL_MS = 300_000
-MAX_PING_STRIKES = 2
 #: grpc core channel arguments (names from grpc's channel_arg_names.h and chttp2's internal.h).
 SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
     ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
     ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
     ("grpc.http.overload_protection", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
-    ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
 )
+
+
+def keepalive_options(keepalive: GrpcKeepalive) -> list[tuple[str, int]]:
+    """The channel arguments of tritonserver's keepalive flags. With the defaults, a client's
+    pings sooner than 5 minutes after the previous one, while no data is sent, are strikes;
+    past 2 of them the connection is closed (GOAWAY ENHANCE_YOUR_CALM "too_many_pings")."""
+    options = [
+        ("grpc.keepalive_time_ms", keepalive.time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(keepalive.permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", keepalive.max_pings_without_data),
+        ("grpc.http2.min_ping_interval_without_data_ms",
+         keepalive.min_recv_ping_interval_without_data_ms),
+        ("grpc.http2.max_ping_strikes", keepalive.max_ping_strikes),
+    ]
+    if keepalive.max_connection_age_ms is not None:
+        options.append(("grpc.max_connection_age_ms", keepalive.max_connection_age_ms))
+    if keepalive.max_connection_age_grace_ms is not None:
+        options.append(("grpc.max_connection_age_grace_ms", keepalive.max_connection_age_grace_ms))
+    return options
 
 
 def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
@@ -74,13 +87,21 @@ class GrpcServer:
     """Owns the grpc.aio server and keeps the health service in step with readiness."""
 
     def __init__(
-        self, dataplane: Plane, pool: HostBufferPool | None = None, share_port: bool = False
+        self,
+        dataplane: Plane,
+        pool: HostBufferPool | None = None,
+        share_port: bool = False,
+        keepalive: GrpcKeepalive | None = None,
     ) -> None:
         """``share_port``: several front ends listen on one port (SO_REUSEPORT)."""
         self._dataplane = dataplane
         # grpcio shares ports by default: a second server would silently split traffic. Only
         # the front ends of one server share theirs (the supervisor has made sure it is ours).
-        options = [*SERVER_OPTIONS, ("grpc.so_reuseport", int(share_port))]
+        options = [
+            *SERVER_OPTIONS,
+            *keepalive_options(keepalive or GrpcKeepalive()),
+            ("grpc.so_reuseport", int(share_port)),
+        ]
         self._server = grpc.aio.server(options=options)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()

@@ -41,7 +41,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     await client.connect(info.control_path, info.index, arena.fd, arena.size)
     grpc_server = None
     if info.grpc_port is not None:
-        grpc_server = GrpcServer(client, share_port=True)
+        grpc_server = GrpcServer(client, share_port=True, keepalive=settings.grpc_keepalive)
         grpc_server.bind(settings.grpc_address, info.grpc_port)
     http_server = None
     if info.http_fd is not None:

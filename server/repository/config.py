@@ -1,4 +1,5 @@
-"""Model configuration: parse ``config.pbtxt``, fill Triton's defaults, check it, print it.
+"""Model configuration: parse ``config.pbtxt`` (or the one ``--model-config-name`` picks),
+fill Triton's defaults, check it, print it.
 
 The config is Triton's ``inference.ModelConfig`` protobuf, parsed with protobuf's text format,
 so a field we do not know is an error rather than silently ignored. ``to_json`` prints it the
@@ -20,6 +21,7 @@ from server.scheduling.layout import validate_config as validate_batch_layout
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILE = "config.pbtxt"
+CUSTOM_CONFIG_FOLDER = "configs"  # <model>/configs/<name>.pbtxt, chosen by --model-config-name
 
 # int64 fields Triton leaves as JSON strings (model_config_utils.cc ModelConfigToJson).
 _INT64_AS_STRING = {
@@ -28,19 +30,31 @@ _INT64_AS_STRING = {
 }
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    """Parse ``<model_dir>/config.pbtxt``; an empty config when the file is absent."""
+def config_file(model_dir: Path, config_name: str | None = None) -> str:
+    """The model's config file, relative to its folder: ``configs/<config_name>.pbtxt`` when
+    ``--model-config-name`` is set and the model has that file, else ``config.pbtxt`` (as
+    Triton picks it; a model without the custom file falls back to the default one)."""
+    if config_name:
+        custom = f"{CUSTOM_CONFIG_FOLDER}/{config_name}.pbtxt"
+        if regular_file(model_dir / custom, "the config", model_dir.name, custom) is not None:
+            return custom
+    return CONFIG_FILE
+
+
+def read_config(model_dir: Path, config_name: str | None = None) -> ModelConfig:
+    """Parse the model's config file (``config_file``); an empty config when it is absent."""
     config = ModelConfig()
-    path = regular_file(model_dir / CONFIG_FILE, "the config", model_dir.name, CONFIG_FILE)
+    name = config_file(model_dir, config_name)
+    path = regular_file(model_dir / name, "the config", model_dir.name, name)
     if path is None:
         return config
     try:
         text_format.Parse(path.read_text(encoding="utf-8"), config)
     except (text_format.ParseError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"failed to parse {CONFIG_FILE} of model '{model_dir.name}': {exc}")
+        raise ModelLoadError(f"failed to parse {name} of model '{model_dir.name}': {exc}")
     except OSError as exc:
         raise ModelLoadError(
-            f"failed to read {CONFIG_FILE} of model '{model_dir.name}': {exc.strerror}"
+            f"failed to read {name} of model '{model_dir.name}': {exc.strerror}"
         ) from None
     return config
 

@@ -182,7 +182,7 @@ def _prepare_config(
         config = mc.ModelConfig()
         config.CopyFrom(config_override)
     else:
-        config = model_config.read_config(model_dir)
+        config = model_config.read_config(model_dir, settings.model_config_name)
     if config.name and config.name != model_dir.name:
         raise ModelLoadError(
             f"unexpected directory name '{model_dir.name}' for model '{config.name}', directory "

@@ -1,15 +1,18 @@
-"""The command line takes tritonserver's flags in both value forms."""
+"""The command line takes tritonserver's flags in both value forms, after an optional
+``tritonserver`` word."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from server import settings
+from server import __version__
+from server import settings as settings_module
 from server.cli import build_parser, parse_settings
-from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE
+from server.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, GrpcKeepalive
 from tests.server_process import ROOT
 
 
@@ -144,7 +147,7 @@ def test_frontends_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_settings(["--model-repository=/m", "--frontends", "3"]).frontend_count() == 3
     default = parse_settings(["--model-repository=/m"])
     for cores, expected in ((1, 0), (2, 2), (3, 3), (16, 16)):
-        monkeypatch.setattr(settings, "usable_cores", lambda n=cores: n)
+        monkeypatch.setattr(settings_module, "usable_cores", lambda n=cores: n)
         assert default.frontend_count() == expected, cores
     assert "--frontends" in build_parser().format_help()
 
@@ -155,3 +158,131 @@ def test_bad_frontends_are_refused(value: str, capsys: pytest.CaptureFixture[str
         parse_settings(["--model-repository=/m", f"--frontends={value}"])
     assert exc.value.code == 2
     assert "--frontends" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("word", ["tritonserver", "/opt/tritonserver/bin/tritonserver"])
+def test_a_leading_tritonserver_word_is_dropped(word: str) -> None:
+    settings = parse_settings([word, "--model-repository=/m", "--http-port=9000"])
+    assert settings.model_repositories == ("/m",) and settings.http_port == 9000
+
+
+def test_a_tritonserver_word_elsewhere_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", "tritonserver"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: tritonserver" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words", [["--version"], ["tritonserver", "--version"]])
+def test_version_prints_and_exits_0(words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(words)
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"tensorgate {__version__}\n"
+
+
+@pytest.mark.parametrize("words", [["--bogus=1"], ["--model-repo=/m"], ["--http-p=1"]])
+def test_unknown_and_abbreviated_flags_are_errors(
+    words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", *words])
+    assert exc.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_keepalive_flags_default_to_tritons() -> None:
+    keepalive = parse_settings(["--model-repository=/m"]).grpc_keepalive
+    assert keepalive == GrpcKeepalive(
+        time_ms=7_200_000, timeout_ms=20_000, permit_without_calls=False,
+        max_pings_without_data=2, min_recv_ping_interval_without_data_ms=300_000,
+        max_ping_strikes=2, max_connection_age_ms=None, max_connection_age_grace_ms=None,
+    )
+
+
+def test_keepalive_flags() -> None:
+    keepalive = parse_settings(
+        [
+            "--model-repository=/m",
+            "--grpc-keepalive-time=10000", "--grpc-keepalive-timeout", "5000",
+            "--grpc-keepalive-permit-without-calls=1",
+            "--grpc-http2-max-pings-without-data=0",
+            "--grpc-http2-min-recv-ping-interval-without-data=1000",
+            "--grpc-http2-max-ping-strikes=0",
+            "--grpc-max-connection-age=60000", "--grpc-max-connection-age-grace=3000",
+        ]
+    ).grpc_keepalive
+    assert keepalive == GrpcKeepalive(10_000, 5_000, True, 0, 1_000, 0, 60_000, 3_000)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--grpc-keepalive-time=0", "--grpc-keepalive-timeout=-1",
+        "--grpc-http2-max-ping-strikes=-1", "--grpc-max-connection-age=0",
+        "--grpc-max-connection-age-grace=2147483648",
+    ],
+)
+def test_keepalive_values_out_of_range_are_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", flag])
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.startswith(f"Error: {flag.partition('=')[0]} must be in [")
+
+
+def test_model_config_name() -> None:
+    assert parse_settings(["--model-repository=/m"]).model_config_name is None
+    settings = parse_settings(["--model-repository=/m", "--model-config-name=h100"])
+    assert settings.model_config_name == "h100"
+
+
+@pytest.mark.parametrize("name", ["", "two words", "../up", "a/b", ".."])
+def test_a_config_name_that_is_no_file_name_is_refused(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", f"--model-config-name={name}"])
+    assert exc.value.code == 1
+    assert "--model-config-name must be a file name" in capsys.readouterr().err
+
+
+def test_log_severity_flags() -> None:
+    settings = parse_settings(["--model-repository=/m"])
+    assert (settings.log_info, settings.log_warning, settings.log_error) == (True, True, True)
+    settings = parse_settings(
+        ["--model-repository=/m", "--log-info=false", "--log-warning", "0", "--log-error=False"]
+    )
+    assert (settings.log_info, settings.log_warning, settings.log_error) == (False, False, False)
+
+
+def test_strict_model_config_is_the_old_name_of_disable_auto_complete() -> None:
+    def disabled(*words: str) -> bool:
+        return parse_settings(["--model-repository=/m", *words]).disable_auto_complete_config
+
+    assert disabled("--strict-model-config=true") and disabled("--strict-model-config")
+    assert not disabled("--strict-model-config=false") and not disabled()
+    assert not disabled("--disable-auto-complete-config", "--strict-model-config=false")
+    assert disabled("--strict-model-config=false", "--disable-auto-complete-config")
+
+
+def test_metrics_interval_takes_a_fraction_as_triton() -> None:
+    assert parse_settings(["--model-repository=/m", "--metrics-interval-ms=500.5"]) \
+        .metrics_interval_ms == 500.5
+
+
+def test_boolean_values_as_triton_writes_them() -> None:
+    for text, expected in (("true", True), ("True", True), ("1", True), ("false", False),
+                           ("False", False), ("0", False)):
+        assert parse_settings(["--model-repository=/m", f"--allow-grpc={text}"]) \
+            .allow_grpc is expected
+
+
+def test_every_flag_the_readme_names_is_known() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Command line"):readme.index("## Processes")]
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?![\w*-])", section))
+    named.discard("--flag")  # "--flag value" and "--flag=value", the value forms
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    assert named and named <= known, named - known

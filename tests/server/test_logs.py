@@ -1,5 +1,6 @@
 """Logging flags: Triton-style line prefixes, ``--log-file``, one line per request at
-``--log-verbose=1``, and failed requests logged with their id at the default verbosity."""
+``--log-verbose=1``, ``--log-info/-warning/-error`` leaving severities out, and failed requests
+logged with their id at the default verbosity."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from server.logs import RepeatingError, TritonFormatter
+from server import logs
+from server.logs import RepeatingError, SeverityFilter, TritonFormatter
+from server.settings import Settings
 from tests.server.http.helpers import assert_simple_ok
 from tests.server_process import EXAMPLES, ROOT, start_server
 
@@ -134,3 +138,69 @@ def test_a_repeating_error_can_carry_its_traceback(caplog: pytest.LogCaptureFixt
         errors.report(error)
     (record,) = caplog.records
     assert record.exc_info is not None and record.exc_info[1] is error
+
+
+def test_severity_filter_drops_the_severities_turned_off() -> None:
+    kept = SeverityFilter(info=False, warning=True, error=False)
+    levels = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+    assert [kept.filter(_record(level)) for level in levels] == [True, False, True, False, False]
+    everything = SeverityFilter(info=True, warning=True, error=True)
+    assert all(everything.filter(_record(level)) for level in levels)
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """``logs.configure`` replaces the root logger's handlers: put pytest's back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_configure_applies_the_severity_flags(tmp_path: Path) -> None:
+    log_file = tmp_path / "server.log"
+    logs.configure(Settings(log_file=str(log_file), log_verbose=1, log_warning=False))
+    test_log = logging.getLogger("server.test")
+    test_log.debug("verbose")
+    test_log.info("info")
+    test_log.warning("warning")
+    test_log.error("error")
+    letters = [line[0] for line in log_file.read_text().splitlines()]
+    assert letters == ["D", "I", "E"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "letters"),
+    [
+        ((), {"I", "W", "E"}),
+        (("--log-info=false",), {"W", "E"}),
+        (("--log-warning=false", "--log-error", "false"), {"I"}),
+    ],
+)
+def test_severity_flags_on_a_server_that_fails_to_start(
+    tmp_path: Path, flags: tuple[str, ...], letters: set[str]
+) -> None:
+    """A model that fails to load ends the start (an error), after the warning about
+    ``--http-thread-count`` and the info lines; each flag leaves its severity out."""
+    broken = tmp_path / "models" / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text("max_batch_size: {{\n")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "server", f"--model-repository={broken.parent}",
+            "--http-port=0", "--http-address=127.0.0.1", "--grpc-port=0",
+            "--grpc-address=127.0.0.1", "--allow-metrics=false", "--http-thread-count=4",
+            *flags,
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert {line[0] for line in lines if re.match(r"[A-Z]\d{4} ", line)} == letters, lines
+    assert all(re.match(r"[A-Z]\d{4} ", line) for line in lines), lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.repository import config as model_config
 from server.repository.config import normalize, read_config, to_json, validate
+from tests.server.http.helpers import assert_simple_ok
+from tests.server_process import EXAMPLES, start_server
 
 
 def _config(text: str) -> mc.ModelConfig:
@@ -68,6 +71,46 @@ def test_non_utf8_file_is_a_load_error(tmp_path: Path) -> None:
     (tmp_path / "config.pbtxt").write_bytes(b'name: "\xff\xfe"\n')
     with pytest.raises(ModelLoadError, match="failed to parse config.pbtxt"):
         read_config(tmp_path)
+
+
+def _custom(model_dir: Path, name: str, text: str) -> None:
+    (model_dir / "configs").mkdir(parents=True, exist_ok=True)
+    (model_dir / "configs" / f"{name}.pbtxt").write_text(text)
+
+
+def test_model_config_name_picks_the_custom_file(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text("max_batch_size: 8\n")
+    _custom(tmp_path, "h100", "max_batch_size: 32\n")
+    assert model_config.config_file(tmp_path) == "config.pbtxt"
+    assert model_config.config_file(tmp_path, "h100") == "configs/h100.pbtxt"
+    assert read_config(tmp_path, "h100").max_batch_size == 32
+    assert read_config(tmp_path).max_batch_size == 8
+
+
+def test_without_the_custom_file_the_default_one_is_read(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text("max_batch_size: 8\n")
+    _custom(tmp_path, "a100", "max_batch_size: 16\n")
+    assert model_config.config_file(tmp_path, "h100") == "config.pbtxt"
+    assert read_config(tmp_path, "h100").max_batch_size == 8
+    (tmp_path / "config.pbtxt").unlink()
+    assert read_config(tmp_path, "h100") == mc.ModelConfig()  # auto-complete fills it
+
+
+def test_a_custom_file_is_used_without_a_default_one(tmp_path: Path) -> None:
+    _custom(tmp_path, "h100", "max_batch_size: 32\n")
+    assert read_config(tmp_path, "h100").max_batch_size == 32
+
+
+def test_errors_name_the_custom_file(tmp_path: Path) -> None:
+    model_dir = tmp_path / "mymodel"
+    _custom(model_dir, "h100", "max_batch_sise: 8\n")
+    with pytest.raises(ModelLoadError) as err:
+        read_config(model_dir, "h100")
+    assert str(err.value).startswith("failed to parse configs/h100.pbtxt of model 'mymodel': ")
+    (model_dir / "configs" / "h100.pbtxt").unlink()
+    (model_dir / "configs" / "h100.pbtxt").mkdir()
+    with pytest.raises(ModelLoadError, match="'configs/h100.pbtxt' is not a regular file"):
+        read_config(model_dir, "h100")
 
 
 def test_load_error_is_http_400() -> None:
@@ -492,3 +535,34 @@ def test_valid_priority_settings_pass() -> None:
             "priority_queue_policy { key: 3 value { max_queue_size: 1 } } }"
         )
     )
+
+
+# ---- --model-config-name on a running server ------------------------------------------------
+
+
+def test_server_serves_the_config_model_config_name_picks(tmp_path: Path) -> None:
+    """``simple`` has ``configs/small.pbtxt``, ``identity_fp32`` has none: the first is served
+    with the custom config, the second with its default one; the index lists both ready."""
+    repository = tmp_path / "models"
+    for name in ("simple", "identity_fp32"):
+        shutil.copytree(EXAMPLES / name, repository / name)
+    default = (repository / "simple" / "config.pbtxt").read_text()
+    (repository / "simple" / "configs").mkdir()
+    (repository / "simple" / "configs" / "small.pbtxt").write_text(
+        default.replace("max_batch_size: 8", "max_batch_size: 2")
+    )
+    server = start_server(repository, args=("--model-config-name=small",))
+    try:
+        assert server.port is not None, server.log
+        status, _, body = server.request("GET", "/v2/models/simple/config")
+        assert status == 200 and json.loads(body)["max_batch_size"] == 2
+        status, _, body = server.request("GET", "/v2/models/identity_fp32/config")
+        assert status == 200 and json.loads(body)["max_batch_size"] == 4  # auto-completed
+        status, _, body = server.request("POST", "/v2/repository/index", b"{}")
+        assert status == 200
+        assert {(m["name"], m["state"]) for m in json.loads(body)} == {
+            ("simple", "READY"), ("identity_fp32", "READY"),
+        }
+        assert_simple_ok(server)
+    finally:
+        assert server.stop() == 0

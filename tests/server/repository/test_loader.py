@@ -549,3 +549,16 @@ def test_decoupled_models_are_refused_by_backends_that_cannot_serve_them(
         "model 'm': model_transaction_policy { decoupled: true } is not supported by the "
         "onnxruntime backend yet"
     )
+
+
+def test_model_config_name_chooses_the_config_loaded(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "ident", dims=["batch", 4])
+    _write_config(tmp_path, "ident", "max_batch_size: 8\n")
+    (tmp_path / "ident" / "configs").mkdir()
+    (tmp_path / "ident" / "configs" / "small.pbtxt").write_text("max_batch_size: 2\n")
+    chosen = load("ident", Settings(model_config_name="small"))
+    assert chosen.ready and chosen.config is not None and chosen.config.max_batch_size == 2
+    fallback = load("ident", Settings(model_config_name="large"))
+    assert fallback.ready and fallback.config is not None and fallback.config.max_batch_size == 8
