@@ -70,20 +70,12 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         self._loop = asyncio.get_running_loop()
         self.closed = False
 
-    @classmethod
-    async def open(
-        cls,
-        sock: socket.socket,
-        decoder: msgspec.msgpack.Decoder[Message],
-        on_message: Callable[[Message], None],
-        on_lost: Callable[[], None],
-    ) -> Channel[Message]:
-        loop = asyncio.get_running_loop()
+    async def attach(self, sock: socket.socket) -> None:
+        """Start reading and writing on ``sock``. The owner holds the channel before this:
+        a message that arrives at once can be answered through it, and what is sent before
+        the transport exists waits for it."""
         sock.setblocking(False)
-        _transport, channel = await loop.connect_accepted_socket(
-            lambda: cls(decoder, on_message, on_lost), sock
-        )
-        return channel
+        await self._loop.connect_accepted_socket(lambda: self, sock)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -100,9 +92,11 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._transport is None or self.closed or not self._queued:
+        if self.closed:
             self._queued.clear()
             return
+        if self._transport is None or not self._queued:
+            return  # (not attached yet: connection_made flushes it)
         data = b"".join(self._queued)
         self._queued.clear()
         self._transport.write(data)
@@ -117,6 +111,8 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport, but are ones.
         self._transport = cast(asyncio.Transport, transport)
+        if self._queued:
+            self._flush()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._filled == len(self._buffer):

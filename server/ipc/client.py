@@ -77,9 +77,8 @@ class ExecutorClient:
             Arena.attach, fd, reply.arena_bytes, writable=False
         )
         self._peer = self._peer_arena.array
-        self._channel = await Channel.open(
-            sock, m.to_front_end_decoder(), self._on_message, self._on_lost
-        )
+        self._channel = Channel(m.to_front_end_decoder(), self._on_message, self._on_lost)
+        await self._channel.attach(sock)
         self._connected = True
 
     def close(self) -> None:

@@ -133,13 +133,19 @@ class ExecutorService:
                 peer.close()
             return
         connection = _Connection(hello.index, attached, out)
-        connection.channel = await Channel.open(
-            sock,
+        connection.channel = Channel(
             m.to_executor_decoder(),
             lambda message: self._on_message(connection, message),
             lambda: self._on_lost(connection),
         )
-        self._connections.add(connection)
+        self._connections.add(connection)  # a model change from now on reaches it
+        try:
+            await connection.channel.attach(sock)
+        except OSError as exc:
+            log.error("front end %d failed to connect: %s", hello.index, exc)
+            sock.close()
+            self._on_lost(connection)
+            return
         log.debug("front end %d connected", hello.index)
 
     def _on_lost(self, connection: _Connection) -> None:
