@@ -12,6 +12,7 @@ from tornado.httpserver import HTTPServer
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
+from server import restricted
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
@@ -202,7 +203,9 @@ async def poll_repository(
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:
-    server = GrpcServer(dataplane, pool)
+    server = GrpcServer(
+        dataplane, pool, restrictions=restricted.for_grpc(settings.grpc_restricted_protocols)
+    )
     server.bind(settings.grpc_address, settings.grpc_port)
     return server
 

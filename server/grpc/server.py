@@ -11,9 +11,11 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from server.generated import grpc_service_pb2 as pb
+from server.grpc.restriction import RestrictionInterceptor
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
+from server.restricted import Restrictions
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -74,14 +76,21 @@ class GrpcServer:
     """Owns the grpc.aio server and keeps the health service in step with readiness."""
 
     def __init__(
-        self, dataplane: Plane, pool: HostBufferPool | None = None, share_port: bool = False
+        self,
+        dataplane: Plane,
+        pool: HostBufferPool | None = None,
+        share_port: bool = False,
+        restrictions: Restrictions | None = None,
     ) -> None:
-        """``share_port``: several front ends listen on one port (SO_REUSEPORT)."""
+        """``share_port``: several front ends listen on one port (SO_REUSEPORT);
+        ``restrictions``: ``--grpc-restricted-protocol``'s (an interceptor checks every call
+        when one is set; none costs nothing)."""
         self._dataplane = dataplane
         # grpcio shares ports by default: a second server would silently split traffic. Only
         # the front ends of one server share theirs (the supervisor has made sure it is ours).
         options = [*SERVER_OPTIONS, ("grpc.so_reuseport", int(share_port))]
-        self._server = grpc.aio.server(options=options)
+        interceptors = [RestrictionInterceptor(restrictions)] if restrictions else []
+        self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()
         self.port = 0

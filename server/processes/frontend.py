@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from server import restricted
 from server.event_loop import run
 from server.grpc.server import GrpcServer
 from server.http.endpoint import start_http
@@ -41,7 +42,11 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     await client.connect(info.control_path, info.index, arena.fd, arena.size)
     grpc_server = None
     if info.grpc_port is not None:
-        grpc_server = GrpcServer(client, share_port=True)
+        grpc_server = GrpcServer(
+            client,
+            share_port=True,
+            restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
+        )
         grpc_server.bind(settings.grpc_address, info.grpc_port)
     http_server = None
     if info.http_fd is not None:
