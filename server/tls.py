@@ -5,6 +5,7 @@ supervisor checks the files too, and it never imports grpc."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,30 @@ def read_files(
     with mutual TLS, the one use a server has for it (as in Triton, it is ignored otherwise)."""
     if not use_ssl:
         return None
-    return TlsFiles(
+    files = TlsFiles(
         server_cert=_read("--grpc-server-cert", server_cert, "--grpc-use-ssl"),
         server_key=_read("--grpc-server-key", server_key, "--grpc-use-ssl"),
         root_cert=_read("--grpc-root-cert", root_cert, "--grpc-use-ssl-mutual") if mutual else None,
         mutual=mutual,
     )
+    # OpenSSL's own check that they are a certificate and its key (and CA certificates):
+    # grpc would only log "Invalid private key" and fail to bind the port.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(server_cert or "", server_key, password=_no_password)
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsError(
+            f"--grpc-server-cert={server_cert} and --grpc-server-key={server_key} are not a "
+            f"certificate and its unencrypted private key: {_reason(exc)}"
+        ) from None
+    if mutual:
+        try:
+            context.load_verify_locations(cafile=root_cert)
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsError(
+                f"--grpc-root-cert={root_cert}: not CA certificates: {_reason(exc)}"
+            ) from None
+    return files
 
 
 def from_settings(settings: Settings) -> TlsFiles | None:
@@ -48,6 +67,14 @@ def from_settings(settings: Settings) -> TlsFiles | None:
         settings.grpc_use_ssl, settings.grpc_use_ssl_mutual, settings.grpc_server_cert,
         settings.grpc_server_key, settings.grpc_root_cert,
     )
+
+
+def _no_password() -> bytes:
+    return b""  # an encrypted key fails instead of prompting on the terminal
+
+
+def _reason(exc: OSError) -> str:
+    return getattr(exc, "reason", None) or exc.strerror or str(exc)
 
 
 def _read(flag: str, path: str | None, needed_by: str) -> bytes:

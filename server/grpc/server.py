@@ -16,6 +16,7 @@ from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
 from server.restricted import Restrictions
+from server.tls import TlsFiles
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -68,6 +69,16 @@ def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
+def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; with ``mutual``, clients must present a certificate
+    the root certificates verify."""
+    return grpc.ssl_server_credentials(
+        [(tls.server_key, tls.server_cert)],
+        root_certificates=tls.root_cert,
+        require_client_auth=tls.mutual,
+    )
+
+
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
@@ -96,14 +107,19 @@ class GrpcServer:
         self.port = 0
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
-    def bind(self, address: str, port: int) -> int:
-        """Listen on ``address:port`` (0 picks a free port); the bound port."""
+    def bind(self, address: str, port: int, tls: TlsFiles | None = None) -> int:
+        """Listen on ``address:port`` (0 picks a free port), with TLS when ``tls`` is given;
+        the bound port."""
+        target = f"{address}:{port}"
         try:
-            bound = self._server.add_insecure_port(f"{address}:{port}")
+            if tls is None:
+                bound = self._server.add_insecure_port(target)
+            else:
+                bound = self._server.add_secure_port(target, _credentials(tls))
         except RuntimeError as exc:  # grpcio's "Failed to bind"
-            raise OSError(f"unable to bind the gRPC service to {address}:{port}: {exc}") from exc
+            raise OSError(f"unable to bind the gRPC service to {target}: {exc}") from exc
         if bound == 0:
-            raise OSError(f"unable to bind the gRPC service to {address}:{port}")
+            raise OSError(f"unable to bind the gRPC service to {target}")
         self.port = bound
         return bound
 

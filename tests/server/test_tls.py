@@ -126,3 +126,31 @@ def test_files_are_not_checked_with_grpc_off(tmp_path: Path) -> None:
          f"--grpc-server-cert={tmp_path / 'missing.pem'}"]
     )
     assert settings.grpc_use_ssl is True
+
+
+def test_a_key_not_of_the_certificate_stops_the_start(pki: Pki, tmp_path: Path) -> None:
+    """OpenSSL's check at start-up: grpc itself would only fail to bind the port."""
+    result = _start("--grpc-use-ssl", f"--grpc-server-cert={pki.server_cert}",
+                    f"--grpc-server-key={pki.client_key}")
+    assert result.returncode == 1
+    assert (
+        f"Error: --grpc-server-cert={pki.server_cert} and --grpc-server-key={pki.client_key} "
+        "are not a certificate and its unencrypted private key: KEY_VALUES_MISMATCH"
+    ) in result.stderr
+
+
+def test_an_encrypted_key_is_refused_without_prompting(pki: Pki, tmp_path: Path) -> None:
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(
+        ["openssl", "ec", "-in", str(pki.server_key), "-aes256", "-passout", "pass:secret",
+         "-out", str(encrypted)],
+        check=True, capture_output=True, timeout=60,
+    )
+    with pytest.raises(tls.TlsError, match="not a certificate and its unencrypted private key"):
+        tls.read_files(True, False, str(pki.server_cert), str(encrypted), None)
+
+
+def test_a_root_certificate_file_without_certificates_stops_the_start(pki: Pki) -> None:
+    with pytest.raises(tls.TlsError, match=f"--grpc-root-cert={pki.client_key}: not CA"):
+        tls.read_files(True, True, str(pki.server_cert), str(pki.server_key),
+                       str(pki.client_key))
