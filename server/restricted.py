@@ -4,7 +4,7 @@ Each flag names API categories and one header a request of those categories must
 one value; without it the request is refused (HTTP 403, gRPC UNAVAILABLE) before anything
 else is looked at. Parsed here with tritonserver's texts, checked here for both transports;
 which route or method is in which category is the transports' own table
-(``server.http.restricted``, ``server.grpc.restricted``).
+(``server.http.categories``, ``server.grpc.restriction``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ _EXACT = {
 }
 _OTHERS = (
     (
-        re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/region/[^/]+)?/(?:status|register|unregister)"),
+        re.compile(
+            r"/v2/(?:system|cuda)sharedmemory(?:/region/[^/]+)?/(?:status|register|unregister)"
+        ),
         restricted.SHARED_MEMORY,
     ),
     (
