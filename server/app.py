@@ -12,6 +12,7 @@ from tornado.httpserver import HTTPServer
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
+from server import restricted, tls
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
@@ -98,7 +99,7 @@ async def serve(settings: Settings) -> int:
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
         http_server = start_http(settings, dataplane, pool) if settings.allow_http else None
         metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
-    except OSError as exc:  # a port in use, an address not ours
+    except (OSError, tls.TlsError) as exc:  # a port in use, an address not ours, a PEM file gone
         log.error("error: %s", exc)
         await repository.close()
         return 1
@@ -202,8 +203,13 @@ async def poll_repository(
 
 
 def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -> GrpcServer:
-    server = GrpcServer(dataplane, pool, keepalive=settings.grpc_keepalive)
-    server.bind(settings.grpc_address, settings.grpc_port)
+    server = GrpcServer(
+        dataplane,
+        pool,
+        keepalive=settings.grpc_keepalive,
+        restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
+    )
+    server.bind(settings.grpc_address, settings.grpc_port, tls.from_settings(settings))
     return server
 
 

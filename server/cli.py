@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from server import __version__, triton_flags
+from server import __version__, restricted, tls, triton_flags
 from server.env_flags import EPILOG, EnvironmentFlagError, flags_from_environment
 from server.settings import (
     DEFAULT_CUDA_POOL_BYTES,
@@ -113,6 +113,44 @@ def _metrics_config(text: str) -> tuple[str, bool]:
             "histogram_latencies=true gives the quantiles through histogram_quantile"
         )
     return key, enabled
+
+
+class _UseSslMutual(argparse.Action):
+    """``--grpc-use-ssl-mutual``: as tritonserver does, giving it (whatever its value) also
+    sets ``--grpc-use-ssl``; a later ``--grpc-use-ssl=false`` turns TLS off again."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.grpc_use_ssl = True
+
+
+def _secure_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the restricted-API groups (tritonserver's texts) and the TLS files at start-up;
+    exits 1 naming what is wrong."""
+    try:
+        args.http_restricted_api = restricted.parse_groups(
+            args.http_restricted_api, "http-restricted-api", "api"
+        )
+        args.grpc_restricted_protocol = restricted.parse_groups(
+            args.grpc_restricted_protocol, "grpc-restricted-protocol", "protocol",
+            restricted.GRPC_HEADER_PREFIX,
+        )
+    except ValueError as exc:
+        parser.exit(1, f"{exc}\n")
+    if args.allow_grpc:
+        try:
+            tls.read_files(
+                args.grpc_use_ssl, args.grpc_use_ssl_mutual, args.grpc_server_cert,
+                args.grpc_server_key, args.grpc_root_cert,
+            )
+        except tls.TlsError as exc:
+            parser.exit(1, f"Error: {exc}\n")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,6 +284,30 @@ def build_parser() -> _Parser:
     bool_flag("--log-warning", True, "Log warnings")
     bool_flag("--log-error", True, "Log errors")
     _not_implemented_flags(parser)
+    # Restricted APIs and gRPC TLS (server.restricted, server.tls).
+    categories = ", ".join(restricted.CATEGORIES)
+    flag("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+         help="HTTP requests of these comma-separated API categories must carry header KEY "
+              f"with VALUE, else 403; repeatable, a category in one group only ({categories})")
+    flag("--grpc-restricted-protocol", action="append", default=[],
+         metavar="PROTOCOLS:KEY=VALUE",
+         help="gRPC calls of these comma-separated categories must carry metadata "
+              f"{restricted.GRPC_HEADER_PREFIX}KEY with VALUE, else UNAVAILABLE; repeatable, "
+              f"a category in one group only ({categories})")
+    bool_flag("--grpc-use-ssl", False,
+              "Serve gRPC over TLS with --grpc-server-cert and --grpc-server-key")
+    flag("--grpc-use-ssl-mutual", type=parse_bool, nargs="?", const=True, default=False,
+         action=_UseSslMutual, metavar="true|false",
+         help="TLS that also requires client certificates, verified against --grpc-root-cert; "
+              "given at all (even false) it also sets --grpc-use-ssl, as in tritonserver "
+              "(default: false)")
+    flag("--grpc-server-cert", default=None, metavar="PATH",
+         help="PEM file of the gRPC server's certificate (chain); used with --grpc-use-ssl")
+    flag("--grpc-server-key", default=None, metavar="PATH",
+         help="PEM file of the gRPC server's private key; used with --grpc-use-ssl")
+    flag("--grpc-root-cert", default=None, metavar="PATH",
+         help="PEM file of the CA certificates client certificates are checked against; used "
+              "with --grpc-use-ssl-mutual")
     return parser
 
 
@@ -387,6 +449,7 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         not name or name in (".", "..") or any(c.isspace() or c in "/\\\0" for c in name)
     ):
         _refuse(parser, "--model-config-name must be a file name, without spaces or slashes.")
+    _secure_options(parser, args)
 
 
 def _triton_options(
@@ -476,4 +539,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
         frontends=args.frontends,
+        http_restricted_apis=args.http_restricted_api,
+        grpc_restricted_protocols=args.grpc_restricted_protocol,
+        grpc_use_ssl=args.grpc_use_ssl,
+        grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+        grpc_server_cert=args.grpc_server_cert,
+        grpc_server_key=args.grpc_server_key,
+        grpc_root_cert=args.grpc_root_cert,
     )

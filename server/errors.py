@@ -21,6 +21,7 @@ class ErrorCode(enum.Enum):
     INTERNAL = "INTERNAL"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    RESTRICTED = "RESTRICTED"  # not Triton's: its restricted APIs answer outside its codes
 
 
 # code -> (HTTP status, gRPC StatusCode member name). Names, not grpc objects, so that the
@@ -33,6 +34,7 @@ _WIRE_CODES: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INTERNAL: (500, "INTERNAL"),
     ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorCode.CANCELLED: (400, "CANCELLED"),
+    ErrorCode.RESTRICTED: (403, "UNAVAILABLE"),
 }
 
 
@@ -81,6 +83,13 @@ class AlreadyExists(InferenceServerError):
     """The name is taken, e.g. by a registered shared memory region (400, ALREADY_EXISTS)."""
 
     code = ErrorCode.ALREADY_EXISTS
+
+
+class Restricted(InferenceServerError):
+    """The request is of a restricted API and lacks its header (``server.restricted``): 403
+    over HTTP and UNAVAILABLE over gRPC, as Triton answers it."""
+
+    code = ErrorCode.RESTRICTED
 
 
 class Unsupported(InferenceServerError):

@@ -81,6 +81,15 @@ class Settings:
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
     frontends: int | None = None  # front-end processes; 0: one process; None: by the cores
+    # Restricted APIs (``server.restricted``): category -> (header, value); gRPC's headers
+    # carry the "triton-grpc-protocol-" prefix. gRPC TLS: PEM files (``server.tls``).
+    http_restricted_apis: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_restricted_protocols: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str | None = None
+    grpc_server_key: str | None = None
+    grpc_root_cert: str | None = None
 
     def frontend_count(self) -> int:
         """The front-end processes to run: ``--frontends``, or by default one per usable core

@@ -56,7 +56,6 @@ def _refused(value: str, why: str, *harmless: str) -> Compat:
 
 _SAGEMAKER_OFF = "only the SageMaker endpoint uses it, and that endpoint is not served"
 _VERTEX_OFF = "only the Vertex AI endpoint uses it, and that endpoint is not served"
-_NO_TLS = "TLS on the gRPC endpoint is not implemented (terminate TLS in front of the server)"
 _NO_TRACING = "request tracing is not implemented"
 _NO_CACHE = "the response cache is not implemented"
 _NO_RATE_LIMIT = "the rate limiter is not implemented"
@@ -109,9 +108,7 @@ TRITON_FLAGS: dict[str, Compat] = {
     "--http-thread-count": _ignored(
         "int", "HTTP is served by the front-end processes' event loops (see --frontends)"
     ),
-    "--http-restricted-api": _refused(
-        "str", "restricting HTTP APIs to requests carrying a header is not implemented"
-    ),
+    "--http-restricted-api": _IMPLEMENTED,
     # gRPC
     "--allow-grpc": _IMPLEMENTED,
     "--grpc-address": _IMPLEMENTED,
@@ -125,11 +122,11 @@ TRITON_FLAGS: dict[str, Compat] = {
     "--grpc-infer-allocation-pool-size": _ignored(
         "int", "there is no pool of request and response objects to size"
     ),
-    "--grpc-use-ssl": _refused("bool", _NO_TLS, "false"),
-    "--grpc-use-ssl-mutual": _refused("bool", _NO_TLS, "false"),
-    "--grpc-server-cert": _refused("str", _NO_TLS),
-    "--grpc-server-key": _refused("str", _NO_TLS),
-    "--grpc-root-cert": _refused("str", _NO_TLS),
+    "--grpc-use-ssl": _IMPLEMENTED,
+    "--grpc-use-ssl-mutual": _IMPLEMENTED,
+    "--grpc-server-cert": _IMPLEMENTED,
+    "--grpc-server-key": _IMPLEMENTED,
+    "--grpc-root-cert": _IMPLEMENTED,
     "--grpc-infer-response-compression-level": _refused(
         "str", "compressing gRPC responses is not implemented", "none"
     ),
@@ -141,9 +138,7 @@ TRITON_FLAGS: dict[str, Compat] = {
     "--grpc-http2-max-ping-strikes": _IMPLEMENTED,
     "--grpc-max-connection-age": _IMPLEMENTED,
     "--grpc-max-connection-age-grace": _IMPLEMENTED,
-    "--grpc-restricted-protocol": _refused(
-        "str", "restricting gRPC protocols to requests carrying a header is not implemented"
-    ),
+    "--grpc-restricted-protocol": _IMPLEMENTED,
     # SageMaker, Vertex AI
     "--allow-sagemaker": _refused("bool", "the SageMaker endpoint is not implemented", "false"),
     "--sagemaker-port": _ignored("int", _SAGEMAKER_OFF),

@@ -55,7 +55,15 @@ class ServerProcess:
     flags enable.
     """
 
-    def __init__(self, args: list[str], timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        timeout: float = 60.0,
+        probe_headers: dict[str, str] | None = None,
+    ) -> None:
+        """``probe_headers``: sent with the liveness probe that ends the start-up (a restricted
+        health API needs its header)."""
+        self._probe_headers = probe_headers
         self.lines: list[str] = []
         self.port: int | None = None
         self.grpc_port: int | None = None
@@ -117,7 +125,7 @@ class ServerProcess:
     def _wait_live(self, deadline: float) -> None:
         while time.monotonic() < deadline:
             try:
-                if self.request("GET", "/v2/health/live")[0] == 200:
+                if self.request("GET", "/v2/health/live", headers=self._probe_headers)[0] == 200:
                     return
             except OSError:
                 pass
@@ -199,11 +207,16 @@ def one_front_end() -> tuple[str, ...]:
     return () if os.environ.get("TENSORGATE_TEST_FRONTENDS") == "0" else ("--frontends=1",)
 
 
-def start_server(*repositories: Path, args: tuple[str, ...] = (), timeout: float = 60.0) -> ServerProcess:
+def start_server(
+    *repositories: Path,
+    args: tuple[str, ...] = (),
+    timeout: float = 60.0,
+    probe_headers: dict[str, str] | None = None,
+) -> ServerProcess:
     """Start a server on ``repositories``, HTTP and gRPC on 127.0.0.1 and free ports (``args``
-    come last, so they override these)."""
+    come last, so they override these); ``probe_headers`` as ``ServerProcess`` takes them."""
     argv = [f"--model-repository={repo}" for repo in repositories]
     argv += ["--http-port=0", "--http-address=127.0.0.1"]
     argv += ["--grpc-port=0", "--grpc-address=127.0.0.1"]
     argv += ["--metrics-port=0", "--metrics-address=127.0.0.1", *DEFAULT_ARGS, *args]
-    return ServerProcess(argv, timeout)
+    return ServerProcess(argv, timeout, probe_headers)

@@ -24,6 +24,9 @@ _FORBIDDEN = {
     ),
     "server/http": ("backends", "onnxruntime", "grpc"),
     "server/errors.py": ("tornado", "grpc"),
+    # read by the command line, which the supervisor runs
+    "server/restricted.py": ("tornado", "grpc", "server.http", "server.grpc"),
+    "server/tls.py": ("tornado", "grpc", "server.http", "server.grpc"),
     "server/dataplane.py": ("tornado", "grpc", "backends", "onnxruntime"),
     "backends": ("tornado", "grpc", "server.http", "server.repository", "server.dataplane"),
     # starts children as fresh interpreters: never holds grpc's threads or a CUDA context

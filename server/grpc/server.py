@@ -11,10 +11,13 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from server.generated import grpc_service_pb2 as pb
+from server.grpc.restriction import RestrictionInterceptor
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
+from server.restricted import Restrictions
 from server.settings import GrpcKeepalive
+from server.tls import TlsFiles
 
 #: Triton's limit for both directions; grpcio's default 4 MiB receive limit breaks big tensors.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -79,6 +82,16 @@ def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
+def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; with ``mutual``, clients must present a certificate
+    the root certificates verify."""
+    return grpc.ssl_server_credentials(
+        [(tls.server_key, tls.server_cert)],
+        root_certificates=tls.root_cert,
+        require_client_auth=tls.mutual,
+    )
+
+
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
@@ -92,8 +105,11 @@ class GrpcServer:
         pool: HostBufferPool | None = None,
         share_port: bool = False,
         keepalive: GrpcKeepalive | None = None,
+        restrictions: Restrictions | None = None,
     ) -> None:
-        """``share_port``: several front ends listen on one port (SO_REUSEPORT)."""
+        """``share_port``: several front ends listen on one port (SO_REUSEPORT);
+        ``restrictions``: ``--grpc-restricted-protocol``'s (an interceptor checks every call
+        when one is set; none costs nothing)."""
         self._dataplane = dataplane
         # grpcio shares ports by default: a second server would silently split traffic. Only
         # the front ends of one server share theirs (the supervisor has made sure it is ours).
@@ -102,20 +118,26 @@ class GrpcServer:
             *keepalive_options(keepalive or GrpcKeepalive()),
             ("grpc.so_reuseport", int(share_port)),
         ]
-        self._server = grpc.aio.server(options=options)
+        interceptors = [RestrictionInterceptor(restrictions)] if restrictions else []
+        self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
         self._health = health.aio.HealthServicer()
         self.port = 0
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
-    def bind(self, address: str, port: int) -> int:
-        """Listen on ``address:port`` (0 picks a free port); the bound port."""
+    def bind(self, address: str, port: int, tls: TlsFiles | None = None) -> int:
+        """Listen on ``address:port`` (0 picks a free port), with TLS when ``tls`` is given;
+        the bound port."""
+        target = f"{address}:{port}"
         try:
-            bound = self._server.add_insecure_port(f"{address}:{port}")
+            if tls is None:
+                bound = self._server.add_insecure_port(target)
+            else:
+                bound = self._server.add_secure_port(target, _credentials(tls))
         except RuntimeError as exc:  # grpcio's "Failed to bind"
-            raise OSError(f"unable to bind the gRPC service to {address}:{port}: {exc}") from exc
+            raise OSError(f"unable to bind the gRPC service to {target}: {exc}") from exc
         if bound == 0:
-            raise OSError(f"unable to bind the gRPC service to {address}:{port}")
+            raise OSError(f"unable to bind the gRPC service to {target}")
         self.port = bound
         return bound
 

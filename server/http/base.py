@@ -88,6 +88,20 @@ class NotFoundHandler(BaseHandler):
         self.write_json({"error": "Not Found"})
 
 
+class RefusedHandler(BaseHandler):
+    """A request answered with one error before its route and method are looked at (a
+    restricted API without its header); its body is read first, the connection stays open."""
+
+    def initialize(  # type: ignore[override]
+        self, dataplane: Plane, settings: Settings, error: InferenceServerError
+    ) -> None:
+        super().initialize(dataplane, settings)
+        self._error = error
+
+    def prepare(self) -> None:
+        raise self._error
+
+
 def decode_b64(text: str, key: str) -> bytes:
     """Base64 ``text`` from field ``key`` of a request body, as bytes; 400 when malformed."""
     try:

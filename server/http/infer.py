@@ -73,11 +73,18 @@ class InferExchange(httputil.HTTPMessageDelegate):
     """One infer request on one connection, from its headers to the end of its answer."""
 
     def __init__(
-        self, service: InferService, connection: HTTP1Connection, path: re.Match[str]
+        self,
+        service: InferService,
+        connection: HTTP1Connection,
+        path: re.Match[str],
+        refusal: InferenceServerError | None = None,
     ) -> None:
+        """``refusal``: the request is answered with this error whatever it holds (a
+        restricted API without its header), its body read and dropped."""
         self._service = service
         self._connection = connection
         self._path = path
+        self._refusal = refusal
         self._start = time.time()
         self._request_line: httputil.RequestStartLine | None = None
         self._headers = httputil.HTTPHeaders()
@@ -117,13 +124,15 @@ class InferExchange(httputil.HTTPMessageDelegate):
             self._send_error(reported(exc, log, f"on POST {start_line.path}"))
 
     def _prepare(self, headers: httputil.HTTPHeaders) -> None:
-        model, version = self._path.groups()
-        self._model = _path_argument(model)
-        self._version = version or ""  # digits only
         limit = self._service.max_input_size
         length: int | None = None
         try:
             length = http_body.parse_content_length(headers.get("Content-Length"))
+            if self._refusal is not None:
+                raise self._refusal
+            model, version = self._path.groups()
+            self._model = _path_argument(model)
+            self._version = version or ""  # digits only
             self._encoding = http_body.parse_content_encoding(headers.get("Content-Encoding"))
             if length is not None and length > limit:
                 is_binary = headers.get("Inference-Header-Content-Length") is not None

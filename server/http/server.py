@@ -13,7 +13,10 @@ import tornado.web
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection
 
-from server.http.base import BaseHandler, NotFoundHandler
+from server import restricted
+from server.errors import InferenceServerError
+from server.http import categories
+from server.http.base import BaseHandler, NotFoundHandler, RefusedHandler
 from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
 from server.http.metadata import (
     LiveHandler,
@@ -79,6 +82,25 @@ class Routes(httputil.HTTPServerConnectionDelegate):
     def __init__(self, dataplane: Plane, settings: Settings, pool: BufferSource) -> None:
         self.app = make_app(dataplane, settings)
         self.infer = InferService(dataplane, settings, pool)
+        self.restrictions = restricted.for_http(settings.http_restricted_apis)
+        self._refused_args = {"dataplane": dataplane, "settings": settings}
+
+    def refused(
+        self,
+        server_conn: object,
+        conn: HTTP1Connection,
+        start_line: httputil.RequestStartLine,
+        headers: httputil.HTTPHeaders,
+        error: InferenceServerError,
+    ) -> httputil.HTTPMessageDelegate:
+        """The delegate answering a request, whatever its route and method, with ``error``."""
+        request = httputil.HTTPServerRequest(
+            connection=conn, server_connection=server_conn, start_line=start_line,
+            headers=headers,
+        )
+        return self.app.get_handler_delegate(
+            request, RefusedHandler, {**self._refused_args, "error": error}
+        )
 
     def start_request(
         self, server_conn: object, request_conn: httputil.HTTPConnection
@@ -104,11 +126,24 @@ class _Dispatch(httputil.HTTPMessageDelegate):
         headers: httputil.HTTPHeaders,
     ) -> Awaitable[None] | None:
         assert isinstance(start_line, httputil.RequestStartLine)
-        path = INFER_PATH.match(start_line.path.partition("?")[0])
+        routes = self._routes
+        target = start_line.path.partition("?")[0]
+        # Restricted APIs are refused before anything else is looked at (as Triton does),
+        # their method included.
+        refusal = (
+            routes.restrictions.refusal(categories.category(target), headers.get)
+            if routes.restrictions
+            else None
+        )
+        path = INFER_PATH.match(target)
         if path is not None and start_line.method == "POST":
-            self._delegate = InferExchange(self._routes.infer, self._conn, path)
+            self._delegate = InferExchange(routes.infer, self._conn, path, refusal)
+        elif refusal is not None:
+            self._delegate = routes.refused(
+                self._server_conn, self._conn, start_line, headers, refusal
+            )
         else:
-            self._delegate = self._routes.app.start_request(self._server_conn, self._conn)
+            self._delegate = routes.app.start_request(self._server_conn, self._conn)
         return self._delegate.headers_received(start_line, headers)
 
     def data_received(self, chunk: bytes) -> Awaitable[None] | None:

@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from server import restricted, tls
 from server.event_loop import run
 from server.grpc.server import GrpcServer
 from server.http.endpoint import start_http
@@ -41,8 +42,13 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     await client.connect(info.control_path, info.index, arena.fd, arena.size)
     grpc_server = None
     if info.grpc_port is not None:
-        grpc_server = GrpcServer(client, share_port=True, keepalive=settings.grpc_keepalive)
-        grpc_server.bind(settings.grpc_address, info.grpc_port)
+        grpc_server = GrpcServer(
+            client,
+            share_port=True,
+            keepalive=settings.grpc_keepalive,
+            restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
+        )
+        grpc_server.bind(settings.grpc_address, info.grpc_port, tls.from_settings(settings))
     http_server = None
     if info.http_fd is not None:
         http_server = start_http(settings, client, pool, [socket.socket(fileno=info.http_fd)])

@@ -1,0 +1,159 @@
+"""gRPC over TLS (``--grpc-use-ssl``) and mutual TLS (``--grpc-use-ssl-mutual``) on a live
+server: a client trusting the CA is served, NVIDIA's client with ``ssl=True`` included; a
+plaintext client and, with mutual TLS, a client without a certificate are not; HTTP stays
+plain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+
+from tests.certificates import Pki, make_pki
+from tests.server_process import EXAMPLES, ServerProcess, start_server
+
+_DEADLINE_SECS = 10
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _start(pki: Pki, mode: str) -> ServerProcess:
+    process = start_server(
+        EXAMPLES,
+        args=(
+            mode,
+            f"--grpc-server-cert={pki.server_cert}",
+            f"--grpc-server-key={pki.server_key}",
+            f"--grpc-root-cert={pki.ca_cert}",
+        ),
+    )
+    assert process.grpc_port is not None, process.log
+    return process
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki: Pki) -> Iterator[ServerProcess]:
+    process = _start(pki, "--grpc-use-ssl=true")
+    yield process
+    assert process.stop() == 0, process.log
+
+
+@pytest.fixture(scope="module")
+def mutual_server(pki: Pki) -> Iterator[ServerProcess]:
+    process = _start(pki, "--grpc-use-ssl-mutual=true")
+    yield process
+    assert process.stop() == 0, process.log
+
+
+def _live(target: str, credentials: grpc.ChannelCredentials | None) -> bool:
+    """ServerLive over a fresh channel: TLS with ``credentials``, plaintext with None."""
+
+    async def call() -> bool:
+        channel = (
+            grpc.aio.insecure_channel(target)
+            if credentials is None
+            else grpc.aio.secure_channel(target, credentials)
+        )
+        async with channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            answer = await stub.ServerLive(
+                service_pb2.ServerLiveRequest(), timeout=_DEADLINE_SECS
+            )
+            return bool(answer.live)
+
+    return asyncio.run(call())
+
+
+def _refused(target: str, credentials: grpc.ChannelCredentials | None) -> None:
+    """The call fails at the connection (never reaching the service)."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        _live(target, credentials)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+
+
+def _inputs() -> list[grpcclient.InferInput]:
+    inputs = [
+        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return inputs
+
+
+def test_tls_serves_a_client_trusting_the_ca(tls_server: ServerProcess, pki: Pki) -> None:
+    trusting = grpc.ssl_channel_credentials(root_certificates=pki.read("ca_cert"))
+    assert _live(tls_server.grpc_url, trusting)
+    # A client certificate is not asked for, but may be sent.
+    with_cert = grpc.ssl_channel_credentials(
+        pki.read("ca_cert"), pki.read("client_key"), pki.read("client_cert")
+    )
+    assert _live(tls_server.grpc_url, with_cert)
+
+
+def test_tls_refuses_plaintext_and_untrusting_clients(tls_server: ServerProcess) -> None:
+    _refused(tls_server.grpc_url, None)
+    _refused(tls_server.grpc_url, grpc.ssl_channel_credentials())  # system CAs only
+
+
+def test_tritonclient_with_ssl(tls_server: ServerProcess, pki: Pki) -> None:
+    client = grpcclient.InferenceServerClient(
+        tls_server.grpc_url, ssl=True, root_certificates=str(pki.ca_cert)
+    )
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        result = client.infer("simple", _inputs())
+        assert (result.as_numpy("OUTPUT0") == 2).all()
+    finally:
+        client.close()
+    plain = grpcclient.InferenceServerClient(tls_server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=_DEADLINE_SECS)
+    finally:
+        plain.close()
+
+
+def test_http_stays_plain(tls_server: ServerProcess) -> None:
+    assert tls_server.request("GET", "/v2/health/ready")[0] == 200
+
+
+def test_mutual_tls_needs_a_client_certificate(mutual_server: ServerProcess, pki: Pki) -> None:
+    with_cert = grpc.ssl_channel_credentials(
+        pki.read("ca_cert"), pki.read("client_key"), pki.read("client_cert")
+    )
+    assert _live(mutual_server.grpc_url, with_cert)
+    _refused(mutual_server.grpc_url, grpc.ssl_channel_credentials(pki.read("ca_cert")))
+    _refused(mutual_server.grpc_url, None)
+
+
+def test_mutual_tls_refuses_a_certificate_of_another_ca(
+    mutual_server: ServerProcess, pki: Pki, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = make_pki(tmp_path_factory.mktemp("other_pki"))
+    foreign = grpc.ssl_channel_credentials(
+        pki.read("ca_cert"), other.read("client_key"), other.read("client_cert")
+    )
+    _refused(mutual_server.grpc_url, foreign)
+
+
+def test_tritonclient_with_mutual_tls(mutual_server: ServerProcess, pki: Pki) -> None:
+    client = grpcclient.InferenceServerClient(
+        mutual_server.grpc_url, ssl=True, root_certificates=str(pki.ca_cert),
+        private_key=str(pki.client_key), certificate_chain=str(pki.client_cert),
+    )
+    try:
+        result = client.infer("simple", _inputs())
+        assert (result.as_numpy("OUTPUT1") == 0).all()
+    finally:
+        client.close()
