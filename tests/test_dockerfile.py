@@ -308,4 +308,5 @@ def test_dockerignore_keeps_local_state_out() -> None:
         line.strip() for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert {".git", ".venv", ".perf_analyzer", ".whl", "build", "dist"} <= entries
+    assert {".git", ".venv", ".perf_analyzer", ".helm", ".whl", "build",
+            "dist"} <= entries
