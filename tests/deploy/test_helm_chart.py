@@ -3,7 +3,8 @@
 The static checks run everywhere. The rendering checks run the helm CLI (see ``manifests``;
 ``scripts/install_helm.sh`` installs it) with the default values and with each toggle on:
 ``helm lint --strict``, ``helm template``, every built-in object validated against the
-Kubernetes schemas, what the custom resources refer to, and the server arguments parsed by tensorgate's command line.
+Kubernetes schemas and the ServiceMonitor and ScaledObject against their CRDs' schemas, what
+the custom resources refer to, and the server arguments parsed by tensorgate's command line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 from server.cli import parse_settings
 from server.settings import Settings
+from tests.deploy.crds import validate_crd
 from tests.deploy.manifests import (
     CHART,
     NAMESPACE,
@@ -240,6 +242,9 @@ def test_every_object_is_valid(rendered: tuple[str, list[dict[str, Any]]]) -> No
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
         if obj["apiVersion"] in ("v1", "apps/v1", "autoscaling/v2"):
             validate_k8s(obj)
+        else:
+            assert obj["kind"] in ("ServiceMonitor", "ScaledObject"), obj["kind"]
+            validate_crd(obj)
 
 
 @needs_helm
