@@ -71,7 +71,8 @@ def _helm_home() -> str:
     return home
 
 
-def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+def helm(*args: str, values: dict[str, Any] | None = None,
+         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the helm CLI offline, with these value overrides as a values file."""
     binary = helm_binary()
     if binary is None:
@@ -88,7 +89,7 @@ def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.Complet
         json.dump(values or {}, file)  # JSON is YAML
         file.flush()
         return subprocess.run([binary, *args, "-f", file.name], capture_output=True, text=True,
-                              timeout=60, check=False, env=env)
+                              timeout=60, check=False, env=env, cwd=cwd)
 
 
 def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

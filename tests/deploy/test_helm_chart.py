@@ -10,6 +10,7 @@ the custom resources refer to, and the server arguments parsed by tensorgate's c
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import tomllib
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from tests.deploy.manifests import (
     RELEASE,
     RenderError,
     by_kind,
+    helm,
     lint_chart,
     needs_helm,
     one,
@@ -206,6 +208,31 @@ def _settings(objects: list[dict[str, Any]]) -> Settings:
     container = _container(objects)
     assert "command" not in container, "the image's entrypoint (tensorgate) must stay"
     return parse_settings(container["args"])
+
+
+@needs_helm
+def test_the_readmes_install_commands_render() -> None:
+    """The top README's `helm install` renders as it is written (as `helm template`, with its
+    flags), and its `kubectl apply` names files that exist."""
+    readme = (ROOT / "README.md").read_text()
+    (command,) = re.findall(r"^helm install .*$", readme.replace("\\\n", " "),
+                            re.MULTILINE)
+    words = shlex.split(command)
+    assert words[:4] == ["helm", "install", "tg", "deploy/helm/tensorgate"], words
+    flags = [w for w in words[4:] if w != "--create-namespace"]
+    result = helm("template", *words[2:4], *flags, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    sets = dict(flags[i + 1].split("=", 1) for i, w in enumerate(flags) if w == "--set")
+    container = _container(objects)
+    assert container["image"].startswith(sets["image.repository"] + ":")
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in volumes
+              if "persistentVolumeClaim" in v]
+    assert claims == [sets["modelRepository.pvc.claimName"]]
+    (apply,) = re.findall(r"^kubectl apply .*$", readme, re.MULTILINE)
+    files = [w for w in shlex.split(apply) if w.endswith(".yaml")]
+    assert files and all((ROOT / f).is_file() for f in files), files
 
 
 @needs_helm
