@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from server import __version__, restricted, tls, triton_flags
 from server.env_flags import EPILOG, EnvironmentFlagError, flags_from_environment
@@ -130,6 +130,23 @@ class _UseSslMutual(argparse.Action):
         namespace.grpc_use_ssl = True
 
 
+class _Repository(argparse._AppendAction):
+    """``--model-repository`` / ``--model-store``: repeatable (an append action, as
+    ``server.env_flags`` needs it); also keeps the name each path was given under, so that a
+    refusal names the flag as the launch line wrote it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        named = getattr(namespace, "model_repository_flags", None) or []
+        namespace.model_repository_flags = [*named, option_string or "--model-repository"]
+
+
 def _secure_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Check the restricted-API groups (tritonserver's texts) and the TLS files at start-up;
     exits 1 naming what is wrong."""
@@ -186,7 +203,7 @@ def build_parser() -> _Parser:
         flag(name, type=parse_bool, nargs="?", const=True, default=default,
              metavar="true|false", help=f"{help_text} (default: {str(default).lower()})")
 
-    flag("--model-repository", "--model-store", dest="model_repository", action="append",
+    flag("--model-repository", "--model-store", dest="model_repository", action=_Repository,
          required=True, metavar="PATH",
          help="Model repository folder; repeat for several (required)")
     flag("--id", dest="server_id", default="triton", metavar="NAME",
@@ -457,11 +474,11 @@ def _triton_options(
 ) -> tuple[str, ...]:
     """The warnings for tritonserver options given that have no effect here; refuses (exit
     status 1) the ones that ask for what tensorgate does not do."""
-    for path in args.model_repository:
+    for name, path in zip(args.model_repository_flags, args.model_repository, strict=True):
         if path.startswith(triton_flags.CLOUD_PREFIXES):
             _refuse(
                 parser,
-                f"--model-repository={path} is not supported by tensorgate: cloud storage "
+                f"{name}={path} is not supported by tensorgate: cloud storage "
                 f"repositories ({', '.join(triton_flags.CLOUD_PREFIXES)}) are not "
                 "implemented; mount the models as a local folder",
             )

@@ -145,14 +145,27 @@ def test_warnings_follow_the_tables_order_one_per_option() -> None:
     ]
 
 
+@pytest.mark.parametrize("flag", ["--model-repository", "--model-store"])
 @pytest.mark.parametrize("path", ["s3://bucket/models", "gs://bucket/m", "as://account/c/m"])
-def test_cloud_repositories_are_refused(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cloud_repositories_are_refused_naming_the_flag_as_written(
+    flag: str, path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
-        parse_command_line(["--model-repository=/m", f"--model-store={path}"], environ={})
+        parse_command_line(["--model-store=/m", f"{flag}={path}", "--model-repository=/n"],
+                           environ={})
     assert exc.value.code == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"Error: --model-repository={path} is not supported by tensorgate: ")
+    assert err.startswith(f"Error: {flag}={path} is not supported by tensorgate: ")
     assert err.count("\n") == 1
+
+
+def test_both_repository_flags_add_up() -> None:
+    settings = parse_command_line(
+        ["--model-store=/a", "--model-repository", "/b", "--model-store", "/c"], environ={}
+    ).settings
+    assert settings.model_repositories == ("/a", "/b", "/c")
+    from_environment = parse_command_line([], environ={"TENSORGATE_MODEL_STORE": "/a;/b"})
+    assert from_environment.settings.model_repositories == ("/a", "/b")
 
 
 def test_vertex_ai_mode_from_the_environment_is_refused_unless_turned_off(
