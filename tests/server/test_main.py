@@ -4,9 +4,12 @@ refused option stops the start naming it."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import os
 import subprocess
 import sys
+import sysconfig
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +86,27 @@ def test_main_version() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 0 and result.stdout.startswith("tensorgate ")
+
+
+@pytest.mark.parametrize("name", ["tritonserver", "tensorgate"])
+def test_the_installed_console_script_is_this_main(name: str) -> None:
+    """The command pods run (``tritonserver``, or ``tensorgate``) is ``server.main.main`` as
+    installed, and its script starts it: a launch line without the program word works."""
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name=name)
+    assert entry.load() is main_module.main
+    script = Path(sysconfig.get_path("scripts")) / name
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's server package
+    version = subprocess.run(
+        [script, "--version"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+    assert version.returncode == 0 and version.stdout.startswith("tensorgate "), version
+    refused = subprocess.run(
+        [script, "--model-store=gs://bucket/models"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60, check=False,
+    )
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith("Error: --model-store=gs://bucket/models is not supported")
 
 
 def _kserve_line(repository: Path, *extra: str) -> list[str]:
