@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,3 +40,18 @@ def assert_still_serving(server: ServerProcess) -> Iterator[None]:
     status, _, body = server.request("POST", "/v2/models/simple/infer", good)
     assert status == 200, body
     assert b'"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]' in body
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """For tests of code that configures the root logger (``logs.configure``, ``main``): put
+    pytest's handlers and level back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -146,20 +145,6 @@ def test_severity_filter_drops_the_severities_turned_off() -> None:
     assert [kept.filter(_record(level)) for level in levels] == [True, False, True, False, False]
     everything = SeverityFilter(info=True, warning=True, error=True)
     assert all(everything.filter(_record(level)) for level in levels)
-
-
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    """``logs.configure`` replaces the root logger's handlers: put pytest's back."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
 
 
 @pytest.mark.usefixtures("root_logging")

@@ -5,13 +5,11 @@ refused option stops the start naming it."""
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import os
 import subprocess
 import sys
 import sysconfig
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,20 +21,6 @@ from tests.server_process import DEFAULT_ARGS, EXAMPLES, ROOT, ServerProcess
 
 THREADS_WARNING = "--http-thread-count=4 has no effect in tensorgate (ignored)"
 SAGEMAKER_WARNING = "--allow-sagemaker=false has no effect in tensorgate (ignored)"
-
-
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    """``main`` configures the root logger: put pytest's handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
 
 
 @pytest.mark.usefixtures("root_logging")

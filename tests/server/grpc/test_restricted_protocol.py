@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,6 +24,7 @@ from server.generated import grpc_service_pb2 as pb
 from server.grpc.restriction import METHOD_CATEGORIES
 from server.grpc.server import GrpcServer
 from server.settings import Settings
+from tests.server.grpc.helpers import simple_inputs
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 PREFIX = "triton-grpc-protocol-"
@@ -137,16 +137,6 @@ def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
     c.close()
 
 
-def _inputs() -> list[grpcclient.InferInput]:
-    inputs = [
-        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
-    ]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-    return inputs
-
-
 def test_sanity(client: grpcclient.InferenceServerClient) -> None:
     """Categories not restricted are open, with or without a header."""
     client.get_inference_statistics("simple")
@@ -179,10 +169,10 @@ def test_health(client: grpcclient.InferenceServerClient) -> None:
 
 def test_infer(client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.infer("simple", _inputs(), headers={"test": "1"})
+        client.infer("simple", simple_inputs(), headers={"test": "1"})
     assert info.value.message() == INFER_TEXT
     assert info.value.status() == "StatusCode.UNAVAILABLE"
-    result = client.infer("simple", _inputs(), headers=INFER)
+    result = client.infer("simple", simple_inputs(), headers=INFER)
     assert (result.as_numpy("OUTPUT0") == 2).all()
 
 
@@ -193,19 +183,19 @@ def test_stream_infer(client: grpcclient.InferenceServerClient) -> None:
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put(error or result))
     try:
-        client.async_stream_infer("simple", _inputs())
+        client.async_stream_infer("simple", simple_inputs())
     except InferenceServerException as early:
         assert "The stream is no longer in valid state" in early.message()
     error = results.get(timeout=30)
     assert isinstance(error, InferenceServerException)
     assert "This protocol is restricted" in error.message()
     with pytest.raises(InferenceServerException, match="The stream is no longer in valid state"):
-        client.async_stream_infer("simple", _inputs())
+        client.async_stream_infer("simple", simple_inputs())
     client.stop_stream()
     client.start_stream(
         callback=lambda result, error: results.put(error or result), headers=INFER
     )
-    client.async_stream_infer("simple", _inputs(), request_id="1")
+    client.async_stream_infer("simple", simple_inputs(), request_id="1")
     result = results.get(timeout=30)
     assert not isinstance(result, InferenceServerException), result
     assert (result.as_numpy("OUTPUT0") == 2).all()

@@ -9,13 +9,13 @@ import asyncio
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from tests.certificates import Pki, make_pki
+from tests.server.grpc.helpers import simple_inputs
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 _DEADLINE_SECS = 10
@@ -80,16 +80,6 @@ def _refused(target: str, credentials: grpc.ChannelCredentials | None) -> None:
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
 
 
-def _inputs() -> list[grpcclient.InferInput]:
-    inputs = [
-        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
-    ]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-    return inputs
-
-
 def test_tls_serves_a_client_trusting_the_ca(tls_server: ServerProcess, pki: Pki) -> None:
     trusting = grpc.ssl_channel_credentials(root_certificates=pki.read("ca_cert"))
     assert _live(tls_server.grpc_url, trusting)
@@ -112,7 +102,7 @@ def test_tritonclient_with_ssl(tls_server: ServerProcess, pki: Pki) -> None:
     try:
         assert client.is_server_live()
         assert client.is_server_ready()
-        result = client.infer("simple", _inputs())
+        result = client.infer("simple", simple_inputs())
         assert (result.as_numpy("OUTPUT0") == 2).all()
     finally:
         client.close()
@@ -153,7 +143,7 @@ def test_tritonclient_with_mutual_tls(mutual_server: ServerProcess, pki: Pki) ->
         private_key=str(pki.client_key), certificate_chain=str(pki.client_cert),
     )
     try:
-        result = client.infer("simple", _inputs())
+        result = client.infer("simple", simple_inputs())
         assert (result.as_numpy("OUTPUT1") == 0).all()
     finally:
         client.close()
