@@ -9,13 +9,14 @@ HTTP, gRPC or the V2 protocol: they take and return numpy arrays keyed by tensor
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from server.errors import InferenceServerError
 from server.generated import model_config_pb2 as mc
 from server.protocol.datatypes import DataType
 
@@ -49,6 +50,28 @@ class Placement:
         return self.kind == mc.ModelInstanceGroup.KIND_GPU
 
 
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """One client request as an instance that takes a batch request by request sees it: its
+    own inputs (batch dimension first when the model batches), the outputs it wants, its id,
+    its request parameters (``priority``, ``sequence_id``, ... included) and whether its
+    client has given up on it (read from the instance's thread while it runs)."""
+
+    inputs: Mapping[str, Any]
+    output_names: Sequence[str]
+    id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    cancelled: Callable[[], bool] = _never
+
+
+#: What ``execute_requests`` gives each request: its outputs, or the error that fails it alone.
+RequestResult = dict[str, np.ndarray] | InferenceServerError
+
+
 class ModelInstance(ABC):
     """One executable copy of a model version, driven by a single worker thread."""
 
@@ -61,6 +84,10 @@ class ModelInstance(ABC):
     #: (a copy into pageable memory, which would also turn the pinned request buffers' DMA
     #: into a staged copy), and inputs already on the device (CUDA shared memory) stay there.
     joins_on_device: bool = False
+    #: Whether schedulers hand the instance the requests of a batch one by one
+    #: (``execute_requests``) instead of their inputs joined (``execute``): a Triton-style
+    #: python model gets one request object per client request and answers each.
+    takes_requests: bool = False
 
     @abstractmethod
     def execute(
@@ -76,6 +103,17 @@ class ModelInstance(ABC):
         (numpy or CuPy arrays, in batch order). Schedulers call it, instead of ``execute``,
         only on instances that set ``joins_on_device``."""
         raise NotImplementedError(f"{type(self).__name__} does not join batches itself")
+
+    def execute_requests(self, requests: Sequence[InstanceRequest]) -> list[RequestResult]:
+        """Run the requests of one batch, each on its own, and return one result per request
+        in their order; raise to fail them all. Schedulers call it, instead of ``execute``,
+        only on instances that set ``takes_requests``."""
+        raise NotImplementedError(f"{type(self).__name__} does not take requests one by one")
+
+    def is_ready(self) -> bool:
+        """Whether the instance can serve now (a model's own readiness check); asked on a
+        thread of its own, maybe while the instance executes. True by default."""
+        return True
 
     def close(self) -> None:
         """Release what the instance holds (sessions, device memory); a no-op by default."""
@@ -98,6 +136,13 @@ class Backend(ABC):
         """GPUs this backend can place instances on (KIND_AUTO becomes KIND_GPU on each);
         0, the default, for CPU-only backends."""
         return 0
+
+    def complete_config(self, model_path: Path, config: mc.ModelConfig) -> bool:
+        """Let the model file complete ``config`` in place by its own means (a python model's
+        ``auto_complete_config``); False, the default, when the backend has none, and the
+        configuration is completed from ``signature`` instead. Not called with
+        ``--disable-auto-complete-config``."""
+        return False
 
     @abstractmethod
     def signature(self, model_path: Path) -> ModelSignature:

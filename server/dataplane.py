@@ -107,7 +107,14 @@ class DataPlane:
         }
 
     async def model_ready(self, name: str, version: str) -> bool:
-        return self._repository.is_ready(name, version)
+        """READY, and every instance's own check (a python model's ``is_ready``) agrees."""
+        if not self._repository.is_ready(name, version):
+            return False
+        try:
+            scheduler = self._repository.version(name, version).scheduler
+        except InferenceServerError:  # unloaded meanwhile
+            return False
+        return scheduler is None or await scheduler.ready()
 
     async def model_metadata(self, name: str, version: str) -> dict[str, Any]:
         served = self._repository.version(name, version)
@@ -164,6 +171,8 @@ class DataPlane:
                 rows=prepared.batch_size,
                 priority=request.parameters.get("priority", 0),
                 timeout_us=request.parameters.get("timeout"),
+                request_id=request.id or "",
+                parameters=request.parameters,
             )
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.

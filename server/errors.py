@@ -21,6 +21,7 @@ class ErrorCode(enum.Enum):
     INTERNAL = "INTERNAL"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
     RESTRICTED = "RESTRICTED"  # not Triton's: its restricted APIs answer outside its codes
 
 
@@ -34,6 +35,7 @@ _WIRE_CODES: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INTERNAL: (500, "INTERNAL"),
     ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorCode.CANCELLED: (400, "CANCELLED"),
+    ErrorCode.UNKNOWN: (400, "UNKNOWN"),
     ErrorCode.RESTRICTED: (403, "UNAVAILABLE"),
 }
 
@@ -96,6 +98,19 @@ class Unsupported(InferenceServerError):
     """The request asks for a feature the server does not offer (HTTP 501)."""
 
     code = ErrorCode.UNSUPPORTED
+
+
+class Cancelled(InferenceServerError):
+    """The request was cancelled (400, CANCELLED); a python model may answer one so."""
+
+    code = ErrorCode.CANCELLED
+
+
+class UnknownError(InferenceServerError):
+    """An error of no known category (400, UNKNOWN, as Triton maps TRITONSERVER_ERROR_UNKNOWN);
+    only a python model's ``TritonError.UNKNOWN`` raises it."""
+
+    code = ErrorCode.UNKNOWN
 
 
 class InternalError(InferenceServerError):

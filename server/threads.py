@@ -17,14 +17,20 @@ T = TypeVar("T")
 
 
 async def run_in_thread(
-    executor: Executor | None, function: Callable[..., T], *args: object
+    executor: Executor | None,
+    function: Callable[..., T],
+    *args: object,
+    on_cancel: Callable[[], None] | None = None,
 ) -> T:
-    """``function(*args)`` on ``executor`` (None: the loop's default pool)."""
+    """``function(*args)`` on ``executor`` (None: the loop's default pool); ``on_cancel`` is
+    called when a cancellation first arrives, while the thread still runs (to tell it)."""
     loop = asyncio.get_running_loop()
     future = loop.run_in_executor(executor, functools.partial(function, *args))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         while not future.done():  # even if cancelled again meanwhile
             try:
                 await asyncio.wait([future])

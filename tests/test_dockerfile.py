@@ -218,6 +218,8 @@ def test_builder_builds_the_wheel_from_every_package(
         and any(re.fullmatch(pat.replace("*", ".*"), p.name) for pat in patterns)
     }
     assert packages and packages <= copied, packages - copied
+    modules = {f"{name}.py" for name in pyproject["tool"]["setuptools"]["py-modules"]}
+    assert modules <= copied, modules - copied  # top-level modules (triton_python_backend_utils)
     assert any("pip wheel" in i.args and "${TENSORGATE_EXTRA}" in i.args
                for i in builder.all("RUN"))
 

@@ -8,6 +8,10 @@ and calls its ``initialize(config)``, where ``config`` is the model configuratio
 
 A python file declares no tensors, so the configuration must list the inputs and outputs.
 
+A ``model.py`` written for Triton defines ``TritonPythonModel`` instead; it is served through
+the same backend by ``triton_model`` (Triton's ``initialize(args)``, ``execute(requests)``,
+``auto_complete_config``, ``is_ready``, ``finalize``).
+
 ``execute`` gets views, not copies: of the request's buffer (for an input in system shared
 memory, of the server's copy of it), or on KIND_GPU of a client's CUDA shared memory region,
 in place on its device. Treat inputs as read-only, and keep none of them after ``execute``
@@ -17,18 +21,30 @@ returns: the memory is reused or unmapped.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+
 from backends.base import Backend, ModelInstance, ModelSignature, Placement
+from backends.python import triton_model
 from backends.python.cuda import CudaPlacement
 from backends.python.instance import PythonInstance
-from backends.python.loading import ModelSource, forget_module, import_module, model_class
+from backends.python.loading import (
+    ModelSource,
+    defines_triton_model,
+    forget_module,
+    import_module,
+    model_class,
+    triton_class,
+)
+from backends.python.pb_utils.config import ModelConfig
 from server.errors import InferenceServerError, ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.memory.host_pool import HostBufferPool
 from server.protocol import datatypes
-from server.protocol.proto_json import message_to_json
+from server.protocol.proto_json import config_to_json, message_to_json
 
 #: The key ``initialize`` finds the instance's placement under.
 INSTANCE_KEY = "_instance"
@@ -52,10 +68,47 @@ class PythonBackend(Backend):
             "a python model must declare its inputs and outputs in config.pbtxt"
         )
 
+    def complete_config(self, model_path: Path, config: mc.ModelConfig) -> bool:
+        """A ``TritonPythonModel`` with ``auto_complete_config`` completes ``config`` itself
+        (its module is imported for that alone, then forgotten); other models cannot."""
+        source = ModelSource(config.name, model_path)
+        module = import_module(source)
+        try:
+            cls = triton_class(module)
+            complete = getattr(cls, "auto_complete_config", None)
+            if not callable(complete):
+                return False
+            try:
+                completed = complete(ModelConfig(json.dumps(config_to_json(config))))
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                raise source.load_error("failed in auto_complete_config", exc) from exc
+            if not isinstance(completed, ModelConfig):
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': auto_complete_config function in "
+                    f"{source.label} must return a valid pb.ModelConfig object"
+                )
+            try:
+                updated = json_format.ParseDict(completed.as_dict(), mc.ModelConfig())
+            except (json_format.ParseError, TypeError, ValueError) as exc:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': the configuration "
+                    f"auto_complete_config returned is not valid: {exc}"
+                ) from exc
+            updated.name = config.name
+            config.CopyFrom(updated)
+            return True
+        finally:
+            forget_module(module)
+
     def load_instance(
         self, model_path: Path, config: mc.ModelConfig, placement: Placement
     ) -> ModelInstance:
         source = ModelSource(config.name, model_path)
+        outputs = {
+            tensor.name: datatypes.from_config_enum(tensor.data_type) for tensor in config.output
+        }
+        if defines_triton_model(model_path):  # it places its own work, on any KIND
+            return self._load_triton(source, config, placement, outputs)
         gpu = (
             CudaPlacement(config.name, placement.device_id, self._host_pool)
             if placement.is_gpu
@@ -75,10 +128,27 @@ class PythonBackend(Backend):
             except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: the load
                 forget_module(module)  # fails, sys.exit() included; the server goes on
                 raise source.load_error("failed to initialize", exc) from exc
-        outputs = {
-            tensor.name: datatypes.from_config_enum(tensor.data_type) for tensor in config.output
-        }
         return PythonInstance(source, module, model, outputs, gpu)
+
+    def _load_triton(
+        self,
+        source: ModelSource,
+        config: mc.ModelConfig,
+        placement: Placement,
+        outputs: dict[str, datatypes.DataType],
+    ) -> ModelInstance:
+        module = import_module(source)
+        try:
+            cls = triton_class(module)
+            if cls is None:  # rebound to something else when the module ran
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': {source.label} defines "
+                    f"TritonPythonModel, but not as a class"
+                )
+            return triton_model.load(source, module, cls, config, placement, outputs)
+        except BaseException:
+            forget_module(module)
+            raise
 
 
 def instance_config(config: mc.ModelConfig, placement: Placement) -> dict[str, Any]:

@@ -104,28 +104,7 @@ class PythonInstance(ModelInstance):
         return {name: result[name] for name in names}
 
     def _host_array(self, name: str, value: object) -> np.ndarray:
-        """``value`` as a numpy array of output ``name``'s configured datatype, or a 500."""
-        model = self._source.model
-        try:
-            array = np.asarray(value)
-        except Exception as exc:  # e.g. a CuPy array from a KIND_CPU instance
-            raise InternalError(
-                f"model '{model}' output '{name}' is not an array: {type(value).__name__} ({exc})"
-            ) from exc
-        declared = self._outputs.get(name)
-        if declared is None:
-            return array
-        if declared.is_bytes:
-            if array.dtype.kind in ("S", "U"):
-                return _object_bytes(array)
-            if array.dtype == object:
-                return array
-        elif array.dtype == declared.dtype:
-            return array
-        raise InternalError(
-            f"model '{model}' output '{name}' has dtype {array.dtype}, but the configuration "
-            f"declares {declared.config_name}"
-        )
+        return checked_output(self._source.model, name, value, self._outputs.get(name))
 
     def close(self) -> None:
         """Call the user's ``finalize`` (a failure is logged: unloading goes on) and forget the
@@ -142,6 +121,31 @@ class PythonInstance(ModelInstance):
             log.exception("model '%s': finalize failed", self._source.model)
         finally:
             forget_module(self._module)
+
+
+def checked_output(
+    model: str, name: str, value: object, declared: DataType | None
+) -> np.ndarray:
+    """``value`` as a numpy array of output ``name``'s configured datatype, or a 500."""
+    try:
+        array = np.asarray(value)
+    except Exception as exc:  # e.g. a CuPy array from a KIND_CPU instance
+        raise InternalError(
+            f"model '{model}' output '{name}' is not an array: {type(value).__name__} ({exc})"
+        ) from exc
+    if declared is None:
+        return array
+    if declared.is_bytes:
+        if array.dtype.kind in ("S", "U"):
+            return _object_bytes(array)
+        if array.dtype == object:
+            return array
+    elif array.dtype == declared.dtype:
+        return array
+    raise InternalError(
+        f"model '{model}' output '{name}' has dtype {array.dtype}, but the configuration "
+        f"declares {declared.config_name}"
+    )
 
 
 def _object_bytes(array: np.ndarray) -> np.ndarray:

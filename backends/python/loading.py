@@ -10,6 +10,7 @@ the model) and no stale bytecode is run after an edit. Messages name the model a
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import itertools
@@ -24,8 +25,11 @@ from server.host_paths import redact_paths
 
 log = logging.getLogger(__name__)
 
-#: The name model.py must give its model class.
+#: The name model.py gives its model class: ours, or Triton's.
 CLASS_NAME = "TensorgateModel"
+TRITON_CLASS_NAME = "TritonPythonModel"
+#: The module Triton's models import their helpers from.
+UTILS_MODULE = "triton_python_backend_utils"
 # next() on an itertools.count is atomic under the GIL: models load on several threads.
 _MODULE_NUMBERS = itertools.count(1)
 
@@ -64,9 +68,21 @@ class ModelSource:
         )
 
 
+def provide_utils_module() -> None:
+    """Make ``import triton_python_backend_utils`` work in model code: the top-level module of
+    that name when it can be imported, else ``backends.python.pb_utils`` under its name."""
+    if UTILS_MODULE in sys.modules:
+        return
+    try:
+        importlib.import_module(UTILS_MODULE)
+    except ImportError:
+        sys.modules.setdefault(UTILS_MODULE, importlib.import_module("backends.python.pb_utils"))
+
+
 def import_module(source: ModelSource) -> ModuleType:
     """Run ``model.py`` as a new module (registered in ``sys.modules`` while it is in use, as
     dataclasses and pickling expect); ``forget_module`` removes it."""
+    provide_utils_module()
     name = f"_tensorgate_python_model_{next(_MODULE_NUMBERS)}"
     loader = _SourceOnlyLoader(name, str(source.path))
     spec = importlib.util.spec_from_file_location(name, source.path, loader=loader)
@@ -89,16 +105,41 @@ def forget_module(module: ModuleType) -> None:
 
 
 def model_class(module: ModuleType, source: ModelSource) -> type:
-    """The module's ``TensorgateModel`` class, which must have an ``execute`` method."""
-    cls = getattr(module, CLASS_NAME, None)
-    if not isinstance(cls, type):
+    """The module's model class, which must have an ``execute`` method: ``TensorgateModel``
+    (the native interface), else ``TritonPythonModel`` (Triton's; see ``triton_model``)."""
+    for name in (CLASS_NAME, TRITON_CLASS_NAME):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
+            break
+    else:
         raise ModelLoadError(
             f"unable to load model '{source.model}': {source.label} must define a class named "
-            f"{CLASS_NAME}"
+            f"{CLASS_NAME} (or Triton's {TRITON_CLASS_NAME})"
         )
     if not callable(getattr(cls, "execute", None)):
+        argument = "inputs" if name == CLASS_NAME else "requests"
         raise ModelLoadError(
-            f"unable to load model '{source.model}': class {CLASS_NAME} in {source.label} has "
-            "no execute(inputs) method"
+            f"unable to load model '{source.model}': class {name} in {source.label} has "
+            f"no execute({argument}) method"
         )
     return cls
+
+
+def defines_triton_model(path: Path) -> bool:
+    """Whether ``model.py`` defines ``class TritonPythonModel`` (and no ``TensorgateModel``) at
+    its top level, read without running it: a KIND_GPU load decides by this whether it needs
+    CUDA before any user code runs."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False  # importing it reports the fault
+    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    return TRITON_CLASS_NAME in names and CLASS_NAME not in names
+
+
+def triton_class(module: ModuleType) -> type | None:
+    """The module's ``TritonPythonModel`` when it has no ``TensorgateModel``, else None."""
+    if isinstance(getattr(module, CLASS_NAME, None), type):
+        return None
+    cls = getattr(module, TRITON_CLASS_NAME, None)
+    return cls if isinstance(cls, type) else None

@@ -32,6 +32,8 @@ import psutil
 
 from server.logs import RepeatingError
 from server.memory.host_pool import PoolStats
+from server.observability import custom_metrics
+from server.observability.custom_metrics import HISTOGRAM, CustomMetrics
 from server.observability.gpu_metrics import GpuMonitor, GpuSample
 from server.observability.statistics import (
     FAILURE_REASONS,
@@ -114,9 +116,11 @@ def render(
     system: SystemSample,
     histograms: bool = False,
     latency_counters: bool = True,
+    custom: CustomMetrics | None = None,
 ) -> str:
     """The whole ``/metrics`` page; ``latency_counters`` off leaves out the cumulative
-    ``*_duration_us`` counters (Triton's ``--metrics-config counter_latencies=false``)."""
+    ``*_duration_us`` counters (Triton's ``--metrics-config counter_latencies=false``).
+    The families models defined (``custom``, by default the process's) come last."""
     entries = list(models)
     page = _Page()
     per_model: list[tuple[str, str, str, _Value]] = [
@@ -181,7 +185,20 @@ def render(
                 name, f"{text} in microseconds", [(_model_labels(e), pick(e.stats)) for e in entries]
             )
     _system(page, pinned, system)
+    _custom(page, custom_metrics.REGISTRY if custom is None else custom)
     return page.text()
+
+
+def _custom(page: _Page, registry: CustomMetrics) -> None:
+    for family in registry.snapshot():
+        family.description = family.description.replace("\\", "\\\\").replace("\n", "\\n")
+        if family.kind != HISTOGRAM:
+            page.family(
+                family.name, family.kind, family.description,
+                [(sample.labels, sample.value) for sample in family.samples],
+            )
+            continue
+        page.custom_histogram(family)
 
 
 def _system(page: _Page, pinned: PoolStats | None, system: SystemSample) -> None:
@@ -254,6 +271,22 @@ class _Page:
                 self._lines.append(f"{name}_bucket{_labels((*labels, ('le', bound)))} {cumulative}")
             self._lines.append(f"{name}_sum{_labels(labels)} {_number(histogram.sum_us)}")
             self._lines.append(f"{name}_count{_labels(labels)} {cumulative}")
+
+    def custom_histogram(self, family: custom_metrics.FamilySnapshot) -> None:
+        """A model's histogram: its own buckets per series."""
+        if not family.samples:
+            return
+        name = family.name
+        self._lines += [f"# HELP {name} {family.description}", f"# TYPE {name} histogram"]
+        for sample in family.samples:
+            cumulative = 0
+            bounds = [*(_number(b) for b in sample.buckets), "+Inf"]
+            for bound, count in zip(bounds, sample.counts, strict=True):
+                cumulative += count
+                labels = (*sample.labels, ("le", bound))
+                self._lines.append(f"{name}_bucket{_labels(labels)} {cumulative}")
+            self._lines.append(f"{name}_sum{_labels(sample.labels)} {_number(sample.value)}")
+            self._lines.append(f"{name}_count{_labels(sample.labels)} {cumulative}")
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n" if self._lines else ""

@@ -26,6 +26,14 @@ _INT64_TYPES = frozenset(
 # Well-known types have their own JSON forms (Int64Value is a bare string, Struct is free
 # JSON); they are left exactly as protobuf prints them.
 _WELL_KNOWN_PREFIX = "google.protobuf."
+# int64 fields Triton leaves as JSON strings in a model config (model_config_utils.cc
+# ModelConfigToJson).
+_CONFIG_INT64_AS_STRING = frozenset(
+    {
+        ("inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape", "dim"),
+        ("inference.ModelInstanceGroup.SecondaryDevice", "device_id"),
+    }
+)
 
 
 def message_to_json(
@@ -44,6 +52,13 @@ def message_to_json(
     )
     _int64_to_numbers(cast(descriptor.Descriptor, message.DESCRIPTOR), data, int64_as_string)
     return data
+
+
+def config_to_json(config: Message) -> dict[str, Any]:
+    """A ``ModelConfig`` as Triton prints it (its config endpoint, a python model's
+    ``args["model_config"]``): every field, int64s as numbers but the two Triton leaves as
+    strings."""
+    return message_to_json(config, _CONFIG_INT64_AS_STRING)
 
 
 def _int64_to_numbers(

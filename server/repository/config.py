@@ -15,19 +15,13 @@ from google.protobuf import json_format, text_format
 
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
-from server.protocol.proto_json import message_to_json
+from server.protocol.proto_json import config_to_json
 from server.repository.paths import regular_file
 from server.scheduling.layout import validate_config as validate_batch_layout
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILE = "config.pbtxt"
 CUSTOM_CONFIG_FOLDER = "configs"  # <model>/configs/<name>.pbtxt, chosen by --model-config-name
-
-# int64 fields Triton leaves as JSON strings (model_config_utils.cc ModelConfigToJson).
-_INT64_AS_STRING = {
-    ("inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape", "dim"),
-    ("inference.ModelInstanceGroup.SecondaryDevice", "device_id"),
-}
 
 
 def config_file(model_dir: Path, config_name: str | None = None) -> str:
@@ -72,7 +66,7 @@ def parse_json_config(text: str) -> ModelConfig:
 def to_json(config: ModelConfig) -> dict[str, Any]:
     """The config as Triton's config endpoint prints it: every primitive, int64s as numbers
     (except the two fields Triton leaves as strings)."""
-    return message_to_json(config, _INT64_AS_STRING)
+    return config_to_json(config)
 
 
 def normalize(config: ModelConfig, gpu_count: int, visible_gpus: int | None = None) -> None:

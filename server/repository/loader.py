@@ -195,15 +195,8 @@ def _prepare_config(
     policy = config.version_policy if config.HasField("version_policy") else None
     versions = select_versions(policy or mc.ModelVersionPolicy(), available)
     present = [v for v in versions if v in available]
-    if not settings.disable_auto_complete_config and present and not is_complete(config):
-        path = model_file(model_dir, present[-1], config.default_model_filename, config.name)
-        if path is None:
-            raise ModelLoadError(
-                f"unable to complete the config of model '{config.name}': model file "
-                f"{present[-1]}/{config.default_model_filename} not found"
-            )
-        default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
-        autocomplete(config, backend.signature(path), default_max)
+    if not settings.disable_auto_complete_config and present:
+        _complete(config, backend, model_dir, present[-1], settings)
     if gpu_count is None:
         model_config.normalize(config, backend.gpu_count(), device_count())
     else:
@@ -217,6 +210,31 @@ def _prepare_config(
         )
     _check_label_files(config, model_dir)
     return config, backend, versions
+
+
+def _complete(
+    config: mc.ModelConfig, backend: Backend, model_dir: Path, version: int, settings: Settings
+) -> None:
+    """Auto-complete from the newest version's model file: by the model's own code where the
+    backend has a way (a python model's ``auto_complete_config``, asked even of a complete
+    config, as Triton does), else from its signature when the config lacks tensors."""
+    try:
+        path = model_file(model_dir, version, config.default_model_filename, config.name)
+    except ModelLoadError:
+        if is_complete(config):
+            return  # loading that version reports it
+        raise
+    if path is not None and backend.complete_config(path, config):
+        return
+    if is_complete(config):
+        return
+    if path is None:
+        raise ModelLoadError(
+            f"unable to complete the config of model '{config.name}': model file "
+            f"{version}/{config.default_model_filename} not found"
+        )
+    default_max = int(settings.backend_option(backend.name, "default-max-batch-size", "4"))
+    autocomplete(config, backend.signature(path), default_max)
 
 
 def _load_version(

@@ -171,6 +171,7 @@ class DynamicBatcher:
             if not pending.dispatched:
                 self._remove(pending)
             else:
+                pending.job.cancelled = True  # a model taking requests one by one may look
                 # Nobody will read the answer; an error stored in it is not "unretrieved".
                 pending.result.add_done_callback(_consume)
                 while not pending.released.is_set():  # even if cancelled again meanwhile
@@ -179,6 +180,9 @@ class DynamicBatcher:
                     except asyncio.CancelledError:
                         continue
             raise
+
+    async def ready(self) -> bool:
+        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
 
     def close(self, wait: bool = True) -> None:
         """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
@@ -394,6 +398,18 @@ class DynamicBatcher:
         try:
             buffers = self._buffers.setdefault(id(runner), {})
             names = _union_outputs(batch)
+            if runner.instance.takes_requests:  # one request object each, answered each
+                results = await runner.run_requests(jobs)
+                computed = time.perf_counter_ns() - started
+                for pending, result in zip(batch, results, strict=True):
+                    pending.job.times.compute_ns = computed
+                    if isinstance(result, Exception):
+                        self._fail(pending, result)
+                    else:
+                        self._succeed(pending, result)
+                if self._stats is not None:
+                    self._stats.record_execution(rows, 0, computed, 0)
+                return
             if runner.instance.joins_on_device:  # each request's rows copied to the device
                 outputs = await runner.run_parts(self._layout.gather_parts(jobs), names)
             elif sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:

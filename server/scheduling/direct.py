@@ -67,7 +67,12 @@ class DirectScheduler:
             self._waiting -= 1
         started = time.perf_counter_ns()
         try:
-            if self._layout.plain:
+            if runner.instance.takes_requests:  # a request object for the model to answer
+                (answer,) = await runner.run_requests([job])
+                if isinstance(answer, Exception):
+                    raise answer
+                outputs = answer
+            elif self._layout.plain:
                 outputs = await runner.run(job.inputs, job.output_names)
             else:  # ragged inputs flattened, batch inputs added, batch outputs shaped
                 inputs = self._layout.gather([job], {})
@@ -87,6 +92,9 @@ class DirectScheduler:
         job.times.compute_ns = time.perf_counter_ns() - started
         if self._stats is not None:
             self._stats.record_execution(job.rows, 0, job.times.compute_ns, 0)
+
+    async def ready(self) -> bool:
+        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker threads and release the instances."""

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from backends.base import InstanceRequest
 from server.scheduling.times import ExecutionTimes
 
 
 @dataclass
 class Job:
     """One request's backend-shaped inputs, the outputs it wants, its row count (the leading
-    dimension; 1 for models without batching) and its scheduling parameters."""
+    dimension; 1 for models without batching), its scheduling parameters, and what an
+    instance that takes requests one by one is shown of it (id, parameters, cancellation)."""
 
     inputs: Mapping[str, np.ndarray]
     output_names: Sequence[str]
@@ -22,6 +24,17 @@ class Job:
     priority: int = 0  # 0 = the model's default level
     timeout_us: int | None = None  # the request's own queue timeout, if any
     times: ExecutionTimes = field(default_factory=ExecutionTimes)
+    request_id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    #: set once its client has given up while it executes (read by the instance's thread)
+    cancelled: bool = False
+
+    def instance_request(self) -> InstanceRequest:
+        """The request as ``ModelInstance.execute_requests`` takes it."""
+        return InstanceRequest(
+            self.inputs, self.output_names, self.request_id, self.parameters,
+            lambda: self.cancelled,
+        )
 
 
 class Scheduler(Protocol):
@@ -33,6 +46,9 @@ class Scheduler(Protocol):
     #: Whether every instance joins batches on its GPU, so inputs may be CuPy arrays (those
     #: read from CUDA shared memory stay on the device); otherwise inputs are numpy.
     takes_device_arrays: bool
+
+    async def ready(self) -> bool:
+        """Whether every instance says it can serve (``ModelInstance.is_ready``)."""
 
     @property
     def pending(self) -> int:

@@ -21,22 +21,30 @@ recent inline runs were slow.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import ModelInstance
+from backends.base import ModelInstance, RequestResult
 from server.threads import run_in_thread
+
+if TYPE_CHECKING:
+    from server.scheduling.job import Job
+
+log = logging.getLogger(__name__)
 
 #: Small executions averaging less than this run on the event loop (seconds).
 INLINE_BELOW_S = 100e-6
 #: Only requests whose inputs total at most this many bytes count as small.
 SMALL_REQUEST_BYTES = 1 << 16
 _BYTES_ELEMENT_COST = 64  # BYTES elements are converted one by one: count each as this many bytes
+#: A readiness check that takes longer says "not ready" (Triton's python backend waits 5 s).
+READY_TIMEOUT_S = 5.0
 _WARMUP_RUNS = 8  # timed small runs on the thread before inline execution is considered
 INLINE_WINDOW = 16  # recent inline runs judged: the model leaves when most were slow
 
@@ -59,6 +67,7 @@ class InstanceRunner:
         self._inline_slow: deque[bool] = deque(maxlen=INLINE_WINDOW)  # since going inline
         self._slow_count = 0  # True entries in _inline_slow
         self._inline = False
+        self._ready_check: asyncio.Future[bool] | None = None
 
     @property
     def small_runs_inline(self) -> bool:
@@ -112,6 +121,47 @@ class InstanceRunner:
             self._thread, self.instance.execute_parts, parts, output_names
         )
 
+    async def run_requests(self, jobs: Sequence[Job]) -> list[RequestResult]:
+        """The jobs' requests one by one (``takes_requests``), on the worker thread. A caller
+        cancelled meanwhile marks its jobs cancelled (the model may look) and waits as in
+        ``run``."""
+
+        def cancel() -> None:
+            for job in jobs:
+                job.cancelled = True
+
+        requests = [job.instance_request() for job in jobs]
+        return await run_in_thread(
+            self._thread, self.instance.execute_requests, requests, on_cancel=cancel
+        )
+
+    async def ready(self) -> bool:
+        """The instance's own readiness check, off the loop and beside its executions; one
+        check at a time, callers meanwhile share its answer. A check that fails or takes
+        more than ``READY_TIMEOUT_S`` means not ready."""
+        if type(self.instance).is_ready is ModelInstance.is_ready:
+            return True  # no check of its own: no thread hop
+        if self._ready_check is None:
+            self._ready_check = asyncio.ensure_future(self._check_ready())
+            self._ready_check.add_done_callback(self._forget_ready_check)
+        return await asyncio.shield(self._ready_check)
+
+    async def _check_ready(self) -> bool:
+        loop = asyncio.get_running_loop()
+        check = loop.run_in_executor(None, self.instance.is_ready)
+        try:
+            return await asyncio.wait_for(asyncio.shield(check), READY_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("readiness check took more than %.0f s: not ready", READY_TIMEOUT_S)
+            check.add_done_callback(_consume)
+            return False
+        except Exception:
+            log.exception("readiness check failed: not ready")
+            return False
+
+    def _forget_ready_check(self, _: asyncio.Future[bool]) -> None:
+        self._ready_check = None
+
     def _timed(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool
     ) -> dict[str, np.ndarray]:
@@ -144,3 +194,8 @@ class InstanceRunner:
         (a Python model's ``finalize``, freeing device memory) never stalls the event loop."""
         await asyncio.wrap_future(self._thread.submit(self.instance.close))
         self._thread.shutdown(wait=False)
+
+
+def _consume(future: asyncio.Future[bool]) -> None:
+    if not future.cancelled():
+        future.exception()
