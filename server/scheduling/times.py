@@ -11,3 +11,6 @@ class ExecutionTimes:
 
     queue_ns: int = 0
     compute_ns: int = 0
+    #: compute input, infer and output durations when the scheduler knows them apart (an
+    #: ensemble: the sums over its composing models); None lets the data plane measure them
+    breakdown: tuple[int, int, int] | None = None
