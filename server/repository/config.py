@@ -115,7 +115,6 @@ def _unimplemented(config: ModelConfig) -> list[str]:
         field
         for field, asked in (
             ("sequence_batching", config.HasField("sequence_batching")),
-            ("ensemble_scheduling", config.HasField("ensemble_scheduling")),
             ("model_warmup", bool(config.model_warmup)),
             ("response_cache { enable: true }", config.response_cache.enable),
             ("model_repository_agents", bool(config.model_repository_agents.agents)),

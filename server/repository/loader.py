@@ -19,6 +19,7 @@ from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
+from server.repository import ensemble_config
 from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.limits import check_limits
 from server.repository.paths import confined_file
@@ -164,7 +165,10 @@ def load_model(
         return model
     model.config = config
     for version in versions:
-        model.versions[version] = _load_version(model_dir, version, config, backend)
+        if backend is None:  # an ensemble: linked to its composing models by the manager
+            model.versions[version] = _ensemble_version(config, version)
+        else:
+            model.versions[version] = _load_version(model_dir, version, config, backend)
     if not versions:
         model.reason = f"no version folder to load for model '{model.name}'"
         log.error("failed to load model '%s': %s", model.name, model.reason)
@@ -177,7 +181,8 @@ def _prepare_config(
     settings: Settings,
     config_override: mc.ModelConfig | None,
     gpu_count: int | None,
-) -> tuple[mc.ModelConfig, Backend, list[int]]:
+) -> tuple[mc.ModelConfig, Backend | None, list[int]]:
+    """The completed config, its backend (None for an ensemble) and the versions to load."""
     if config_override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(config_override)
@@ -191,6 +196,9 @@ def _prepare_config(
     config.name = model_dir.name
     check_limits(config)
     available = available_versions(model_dir)
+    ensemble_config.validate_structure(config)
+    if ensemble_config.is_ensemble(config):
+        return _prepare_ensemble(config, available)
     backend = _resolve_backend(config, model_dir, available, backends)
     policy = config.version_policy if config.HasField("version_policy") else None
     versions = select_versions(policy or mc.ModelVersionPolicy(), available)
@@ -210,6 +218,29 @@ def _prepare_config(
         )
     _check_label_files(config, model_dir)
     return config, backend, versions
+
+
+def _prepare_ensemble(
+    config: mc.ModelConfig, available: list[int]
+) -> tuple[mc.ModelConfig, None, list[int]]:
+    """An ensemble has no backend, instances or model files: Triton leaves its instance
+    groups and optimization unset (and refuses them), so only the version policy is filled."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    model_config.validate(config)
+    return config, None, select_versions(config.version_policy, available)
+
+
+def _ensemble_version(config: mc.ModelConfig, version: int) -> ModelVersion:
+    """An ensemble version, LOADING until the manager links it to its composing models."""
+    return ModelVersion(
+        config.name,
+        version,
+        State.LOADING,
+        config=config,
+        spec=ModelSpec.from_config(config),
+        gate=RequestGate(f"model '{config.name}' version {version} is being unloaded"),
+    )
 
 
 def _complete(

@@ -19,6 +19,8 @@ from typing import Any
 from backends.base import Backend
 from server.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from server.generated import model_config_pb2 as mc
+from server.repository import ensemble_config
+from server.repository.ensemble_links import EnsembleLinker
 from server.repository.loader import Model, ModelVersion, State, load_model
 from server.repository.overrides import OverrideFolder, check_model_name
 from server.repository.versions import request_version
@@ -84,6 +86,10 @@ class ModelRepository:
         self._wanted: set[str] = set()  # models that should be serving (readiness)
         self._loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
+        #: models loaded by name (not only as an ensemble's composing model)
+        self._explicit: set[str] = set()
+        #: runs ensembles' steps; its ``step_runner`` is set by the data plane
+        self.ensembles = EnsembleLinker(self)
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -195,6 +201,7 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"failed to load '{name}', failed to poll from model repository"
                 )
+        self._explicit.update(wanted)
         await asyncio.gather(*(self._load(name, folders[name]) for name in wanted))
 
     async def load(
@@ -217,6 +224,7 @@ class ModelRepository:
                     f"failed to load '{name}', failed to poll from model repository"
                 )
             path = path_or_none
+        self._explicit.add(name)
         model = await self._load(name, path, config_override, override, strict=True)
         if not model.ready:
             raise ModelLoadError(f"failed to load '{name}': {_failure(model)}")
@@ -228,7 +236,9 @@ class ModelRepository:
         config_override: mc.ModelConfig | None = None,
         override: OverrideFolder | None = None,
         strict: bool = False,
+        chain: tuple[str, ...] = (),
     ) -> Model:
+        """``chain``: the ensembles whose loading led here (to refuse circular ones)."""
         async with self._lock(name):
             self._wanted.add(name)
             self._loading.add(name)
@@ -237,6 +247,8 @@ class ModelRepository:
                 model = await asyncio.to_thread(
                     load_model, path, self._backends, self._settings, config_override
                 )
+                if model.config is not None and ensemble_config.is_ensemble(model.config):
+                    await self.ensembles.link(model, (*chain, name))
             finally:
                 self._loading.discard(name)
             previous = self._loaded.get(name)
@@ -254,10 +266,43 @@ class ModelRepository:
                     await asyncio.to_thread(previous.override.remove)
             return model
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, dependents: bool = False) -> None:
         """Stop serving ``name``: new requests are refused, admitted ones are answered, then
-        its instances are released. Unloading a model that is not loaded does nothing."""
+        its instances are released. Unloading a model that is not loaded does nothing.
+        ``dependents`` (``unload_dependents``): an ensemble's composing models go too, those
+        not loaded by name and used by no other ensemble still wanted."""
+        await self._unload(name)
+        if dependents:
+            for composing in self.ensembles.released_by(name):
+                await self.unload(composing, dependents=True)
+
+    def is_wanted(self, name: str) -> bool:
+        """Whether ``name`` should be serving (loaded and not unloaded since)."""
+        return name in self._wanted
+
+    def is_explicit(self, name: str) -> bool:
+        """Whether ``name`` was loaded by name, not only as a composing model."""
+        return name in self._explicit
+
+    def is_loading(self, name: str) -> bool:
+        return name in self._loading
+
+    def folder(self, name: str) -> Path | None:
+        """The model's folder in the repositories, if it has one."""
+        return self._folders(strict=False).get(name)
+
+    async def load_dependency(self, name: str, path: Path, chain: tuple[str, ...]) -> Model:
+        """Load a composing model for the ensemble being loaded (``chain``'s last)."""
+        return await self._load(name, path, chain=chain)
+
+    async def wait_loaded(self, name: str) -> None:
+        """Wait until a load of ``name`` under way has finished."""
         async with self._lock(name):
+            pass
+
+    async def _unload(self, name: str) -> None:
+        async with self._lock(name):
+            self._explicit.discard(name)
             self._wanted.discard(name)
             loaded = self._loaded.get(name)
             if loaded is None:
