@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,22 +31,31 @@ from server.memory.host_pool import HostBufferPool
 from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
 from server.observability.metrics import ModelEntry
 from server.observability.statistics import statistics_response
+from server.protocol import datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.shapes import element_count
-from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.protocol.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
 from server.protocol.validation import validate
 from server.repository.config import parse_json_config
 from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
 from server.repository.versions import request_version
 from server.request_gate import RequestGate
+from server.scheduling.ensemble import StepResult
 from server.scheduling.job import Job
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
 
 log = logging.getLogger("server")
 T = TypeVar("T")
+_BYTES = datatypes.from_name("BYTES")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
 EXTENSIONS = (
@@ -83,6 +93,7 @@ class DataPlane:
         self._live = False
         self.gate = RequestGate()
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
+        repository.ensembles.step_runner = self.run_step
 
     def set_live(self, live: bool) -> None:
         self._live = live
@@ -150,7 +161,47 @@ class DataPlane:
         with self.shared_memory.lease(regions) as lease:
             return await self._infer(request, lease)
 
-    async def _infer(self, request: InferRequest, lease: RegionLease | None) -> InferResponse:
+    async def run_step(
+        self,
+        model_name: str,
+        model_version: str,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        request_id: str,
+        parameters: Mapping[str, Any],
+    ) -> StepResult:
+        """One ensemble step: an internal request to a composing model, on the same path as
+        a client's (validated, scheduled, counted in its statistics)."""
+        spec = _required(self._repository.version(model_name, model_version).spec)
+        request = InferRequest(
+            model_name,
+            model_version,
+            [
+                InputTensor(
+                    name,
+                    # an input the model lacks is refused by validation, by name
+                    spec.inputs[name].datatype if name in spec.inputs else _BYTES,
+                    tuple(data.shape),
+                    data,
+                )
+                for name, data in inputs.items()
+            ],
+            [RequestedOutput(name) for name in output_names],
+            id=request_id or None,
+            parameters=dict(parameters),
+        )
+        times: list[tuple[int, int, int]] = []
+        response = await self._infer(request, None, times)
+        return StepResult({o.name: o.data for o in response.outputs}, *times[0])
+
+    async def _infer(
+        self,
+        request: InferRequest,
+        lease: RegionLease | None,
+        compute_sink: list[tuple[int, int, int]] | None = None,
+    ) -> InferResponse:
+        """``compute_sink`` receives the request's compute (input, infer, output) durations
+        as its statistics counted them (an ensemble step's caller adds them up)."""
         start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
@@ -201,14 +252,14 @@ class DataPlane:
             self._log_failure(request, served, exc, start)
             raise
         done = time.perf_counter_ns()
+        compute = job.times.breakdown or (
+            prepared_at - start, job.times.compute_ns, done - executed_at
+        )
+        if compute_sink is not None:
+            compute_sink.append(compute)
         # Executions (batches) are counted by the scheduler; this counts the request.
         served.stats.record_success(
-            done - start,
-            job.times.queue_ns,
-            prepared_at - start,
-            job.times.compute_ns,
-            done - executed_at,
-            prepared.batch_size,
+            done - start, job.times.queue_ns, *compute, prepared.batch_size
         )
         self._log_request(request, served, "OK", start)
         return InferResponse(
@@ -285,9 +336,11 @@ class DataPlane:
                 raise ModelLoadError(f"failed to load '{name}': {exc.message}") from None
         await self._repository.load(name, override, files)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (explicit mode only); ``unload_dependents`` takes an ensemble's
+        composing models with it."""
         self._require_explicit_mode()
-        await self._repository.unload(name)
+        await self._repository.unload(name, unload_dependents)
 
     # --- statistics extension -----------------------------------------------------------------
 

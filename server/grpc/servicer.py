@@ -313,7 +313,13 @@ class InferenceServicer:
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context
     ) -> pb.RepositoryModelUnloadResponse:
-        await self._dataplane.unload_model(request.model_name)
+        dependents = False
+        if "unload_dependents" in request.parameters:
+            param = request.parameters["unload_dependents"]
+            if param.WhichOneof("parameter_choice") != "bool_param":
+                raise InvalidArgument("Unable to parse 'unload_dependents': expected a boolean")
+            dependents = param.bool_param
+        await self._dataplane.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
     SystemSharedMemoryStatus = _shm_status("system", pb.SystemSharedMemoryStatusResponse)
     SystemSharedMemoryUnregister = _shm_unregister(

@@ -36,7 +36,7 @@ class RepositoryLoadHandler(BaseHandler):
             dependents = params.get("unload_dependents", False)
             if not isinstance(dependents, bool):
                 raise InvalidArgument("Unable to parse 'unload_dependents': expected a boolean")
-            await self.dataplane.unload_model(model)
+            await self.dataplane.unload_model(model, dependents)
         else:
             config = params.get("config")
             if config is not None and not isinstance(config, str):

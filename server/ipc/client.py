@@ -181,8 +181,8 @@ class ExecutorClient:
     async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
         await self._call("load_model", name, config_json, files)
 
-    async def unload_model(self, name: str) -> None:
-        await self._call("unload_model", name)
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self._call("unload_model", name, unload_dependents)
 
     async def statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
         return pb.ModelStatisticsResponse.FromString(await self._call("statistics", name, version))
