@@ -512,7 +512,6 @@ def test_configs_past_the_bounds_are_refused_before_loading(
         ("sequence_batching { }", "sequence_batching"),
         ('model_warmup { name: "w" batch_size: 1 }', "model_warmup"),
         ("response_cache { enable: true }", "response_cache { enable: true }"),
-        ('ensemble_scheduling { step { model_name: "x" } }', "ensemble_scheduling"),
         ('model_repository_agents { agents { name: "checksum" } }', "model_repository_agents"),
         ('model_operations { op_library_filename: "libop.so" }', "model_operations"),
         ('cc_model_filenames { key: "8.0" value: "a100.onnx" }', "cc_model_filenames"),
@@ -530,6 +529,19 @@ def test_features_not_implemented_yet_are_refused(
         f"model 'm': {field} in its configuration is not supported by this server yet; remove "
         "it to serve the model without it"
     )
+
+
+def test_ensemble_scheduling_on_another_platform_is_refused(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    extra = 'ensemble_scheduling { step { model_name: "x" } }'
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    model = load("m")
+    assert not model.ready
+    assert model.reason.startswith(
+        "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble"
+    ), model.reason
 
 
 def test_harmless_forms_of_those_features_load(tmp_path: Path, load: Callable[..., Model]) -> None:

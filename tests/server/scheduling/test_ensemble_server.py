@@ -294,3 +294,17 @@ def test_explicit_load_loads_composing_models_and_unload_dependents(
     client.load_model("pipeline")
     client.unload_model("pipeline", unload_dependents=True)
     assert _ready(client) == {"simple", "slow_double"}
+
+
+def test_loading_every_model_loads_ensembles_after_composing_ones(tmp_path: Path) -> None:
+    root = build_repository(tmp_path)
+    shutil.rmtree(root / "broken")
+    process = start_server(root)  # model control mode none: every model at start
+    try:
+        assert process.port is not None, process.log
+        client = httpclient.InferenceServerClient(process.url)
+        assert {"pipeline", "diamond"} <= _ready(client)
+        result = _infer(client, httpclient, "pipeline", _raw(1), ["OUT"])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * _raw(1) + 11).astype(np.float32))
+    finally:
+        process.stop()
