@@ -93,7 +93,10 @@ class DataPlane:
         self._live = False
         self.gate = RequestGate()
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
-        repository.ensembles.step_runner = self.run_step
+        # Ensembles send their steps back through this data plane (tests may pass no repository).
+        ensembles = getattr(repository, "ensembles", None)
+        if ensembles is not None:
+            ensembles.step_runner = self.run_step
 
     def set_live(self, live: bool) -> None:
         self._live = live
