@@ -189,6 +189,7 @@ def link(config: mc.ModelConfig, lookup: ConfigLookup) -> EnsemblePlan:
             )
             for s in config.ensemble_scheduling.step
         ),
+        max(0, config.ensemble_scheduling.max_inflight_requests),
     )
 
 

@@ -60,10 +60,12 @@ class StepRunner(Protocol):
 
 @dataclass(frozen=True)
 class EnsemblePlan:
-    """The validated graph of one ensemble."""
+    """The validated graph of one ensemble; ``max_inflight`` (Triton's
+    ``max_inflight_requests``) caps how many requests each step runs at once (0: no cap)."""
 
     name: str
     steps: tuple[EnsembleStep, ...]
+    max_inflight: int = 0
 
     def needed_steps(self, outputs: Sequence[str]) -> list[EnsembleStep]:
         """The steps that lead to ``outputs``, in config order (walked back from them)."""
@@ -92,6 +94,10 @@ class EnsembleScheduler:
         self._plan = plan
         self._runner = runner
         self._stats = stats
+        #: per step, shared by every request of this ensemble version
+        self._inflight = {
+            id(step): asyncio.Semaphore(plan.max_inflight) for step in plan.steps
+        } if plan.max_inflight > 0 else {}
 
     @property
     def pending(self) -> int:
@@ -155,11 +161,18 @@ class EnsembleScheduler:
         parameters = {
             k: v for k, v in job.parameters.items() if k not in ("priority", "timeout")
         }
+        limit = self._inflight.get(id(step))
         try:
-            return await self._runner(
-                step.model_name, step.model_version, inputs, list(step.output_map),
-                job.request_id, parameters,
-            )
+            if limit is None:
+                return await self._runner(
+                    step.model_name, step.model_version, inputs, list(step.output_map),
+                    job.request_id, parameters,
+                )
+            async with limit:
+                return await self._runner(
+                    step.model_name, step.model_version, inputs, list(step.output_map),
+                    job.request_id, parameters,
+                )
         except InferenceServerError as exc:
             raise _prefixed(exc, self._plan.name) from exc
 
