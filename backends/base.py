@@ -54,22 +54,28 @@ def _never() -> bool:
     return False
 
 
+#: What ``execute_requests`` gives each request: its outputs, or the error that fails it alone.
+RequestResult = dict[str, np.ndarray] | InferenceServerError
+#: How a decoupled model answers one request, from any thread, any number of times: a result
+#: (or None, for a flags-only completion) and whether it is the request's last (final flag).
+ResponseSink = Callable[[RequestResult | None, bool], None]
+
+
 @dataclass(frozen=True)
 class InstanceRequest:
     """One client request as an instance that takes a batch request by request sees it: its
     own inputs (batch dimension first when the model batches), the outputs it wants, its id,
     its request parameters (``priority``, ``sequence_id``, ... included) and whether its
-    client has given up on it (read from the instance's thread while it runs)."""
+    client has given up on it (read from the instance's thread while it runs). A request to a
+    decoupled model carries ``respond``, through which its responses go (see ``ResponseSink``);
+    ``execute_requests``'s results for it are then ignored."""
 
     inputs: Mapping[str, Any]
     output_names: Sequence[str]
     id: str = ""
     parameters: Mapping[str, Any] = field(default_factory=dict)
     cancelled: Callable[[], bool] = _never
-
-
-#: What ``execute_requests`` gives each request: its outputs, or the error that fails it alone.
-RequestResult = dict[str, np.ndarray] | InferenceServerError
+    respond: ResponseSink | None = None
 
 
 class ModelInstance(ABC):

@@ -12,6 +12,7 @@ from tornado.httpserver import HTTPServer
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
+from backends.python.server_link import LINK, ServerCalls
 from server import restricted, tls
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
@@ -61,6 +62,12 @@ def build_repository(settings: Settings, pool: HostBufferPool) -> ModelRepositor
     return ModelRepository(settings, {backend.name: backend for backend in backends})
 
 
+def connect_models(calls: ServerCalls) -> None:
+    """Let python models' BLS requests and model control reach ``calls`` (the data plane) on
+    this event loop."""
+    LINK.connect(calls, asyncio.get_running_loop())
+
+
 async def load_models(
     settings: Settings, shutdown: Shutdown, repository: ModelRepository
 ) -> int | None:
@@ -95,6 +102,7 @@ async def serve(settings: Settings) -> int:
         return failed
 
     dataplane = DataPlane(settings, repository, pool)
+    connect_models(dataplane)
     try:
         grpc_server = _bind_grpc(settings, dataplane, pool) if settings.allow_grpc else None
         http_server = start_http(settings, dataplane, pool) if settings.allow_http else None

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from server import __version__
+from server import __version__, decoupled
 from server.cuda.devices import DEVICE_KINDS
 from server.errors import (
     InferenceServerError,
@@ -24,6 +24,7 @@ from server.errors import (
     NotFound,
     Rejected,
     Unavailable,
+    Unsupported,
 )
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
@@ -35,6 +36,7 @@ from server.protocol import datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.shapes import element_count
+from server.protocol.streaming import StreamReply
 from server.protocol.types import (
     InferRequest,
     InferResponse,
@@ -164,6 +166,17 @@ class DataPlane:
         with self.shared_memory.lease(regions) as lease:
             return await self._infer(request, lease)
 
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
+        """Every reply to ``request``: a decoupled model's responses as it sends them (see
+        ``server.decoupled``), another model's one response, flagged final."""
+        served = self._repository.version(request.model_name, request.model_version)
+        spec = _required(served.spec)
+        if not spec.decoupled:
+            yield StreamReply(response=await self.infer(request), final=True)
+            return
+        async for reply in decoupled.replies(served, spec, request, _client_shape):
+            yield reply
+
     async def run_step(
         self,
         model_name: str,
@@ -208,6 +221,11 @@ class DataPlane:
         start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
+        if spec.decoupled:  # (the transports refuse it first, each with Triton's text)
+            raise Unsupported(
+                f"model '{spec.name}' uses the decoupled transaction policy: its responses "
+                "are served on a stream only"
+            )
         try:
             if lease is not None:  # region copies and parsing: off the loop when large
                 await off_loop_if_large(

@@ -5,11 +5,13 @@ answer them with the executor's truth; ``live`` and ``gate`` are the answering p
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
 from server.protocol.model_spec import ModelSpec
+from server.protocol.streaming import StreamReply
 from server.protocol.types import InferRequest, InferResponse
 from server.request_gate import RequestGate
 
@@ -34,6 +36,10 @@ class Plane(Protocol):
     async def model_config(self, name: str, version: str) -> mc.ModelConfig: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
+        """Every reply to ``request`` (a decoupled model's many), the last flagged final."""
+        ...
 
     async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]: ...
 

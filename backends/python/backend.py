@@ -56,6 +56,7 @@ class PythonBackend(Backend):
     name = "python"
     platform = ""  # python models have no platform
     default_model_filename = "model.py"
+    supports_decoupled = True  # a TritonPythonModel answers through its response senders
 
     def __init__(self, host_pool: HostBufferPool | None = None) -> None:
         """``host_pool`` holds KIND_GPU instances' outputs copied back (the server's pinned
@@ -109,6 +110,11 @@ class PythonBackend(Backend):
         }
         if defines_triton_model(model_path):  # it places its own work, on any KIND
             return self._load_triton(source, config, placement, outputs)
+        if config.model_transaction_policy.decoupled:
+            raise ModelLoadError(
+                f"unable to load model '{config.name}': a decoupled python model must define "
+                "TritonPythonModel (it answers through response senders)"
+            )
         gpu = (
             CudaPlacement(config.name, placement.device_id, self._host_pool)
             if placement.is_gpu

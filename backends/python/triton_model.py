@@ -10,6 +10,12 @@ batcher's batch arrives as a list, each request with its own tensors) and return
 - a response made with ``error=TritonError(msg, code)`` fails its own request only, with
   ``msg`` and the HTTP status and gRPC code Triton gives ``code``.
 
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers through each
+request's ``get_response_sender()`` instead, zero or more times and then with the final flag,
+from any thread and also after ``execute`` (which returns None) is over; an exception from its
+``execute`` ends every request of the call not yet ended with that error. While user code runs
+on the instance's thread, BLS calls know which model makes them (``server_link.caller``).
+
 ``execute``, ``is_ready``, ``initialize`` and ``finalize`` may be ``async def``; their
 coroutines run on the instance's own event loop (``coroutines``). The ``pb_utils`` objects
 are host (numpy) tensors: KIND_GPU instances are told their device through ``initialize``'s
@@ -18,10 +24,12 @@ args and place their own work (Triton's default of CPU-only input tensors).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,8 +40,11 @@ from backends.base import InstanceRequest, ModelInstance, Placement, RequestResu
 from backends.python.coroutines import CoroutineRunner
 from backends.python.instance import checked_output
 from backends.python.loading import ModelSource, forget_module
+from backends.python.pb_utils.errors import TritonModelException
 from backends.python.pb_utils.requests import InferenceRequest, InferenceResponse
+from backends.python.pb_utils.response_sender import InferenceResponseSender
 from backends.python.pb_utils.tensor import Tensor
+from backends.python.server_link import LINK
 from server.errors import InferenceServerError, InternalError
 from server.generated import model_config_pb2 as mc
 from server.protocol.datatypes import DataType
@@ -71,8 +82,13 @@ class TritonModelInstance(ModelInstance):
         model: Any,
         outputs: Mapping[str, DataType],
         coroutines: CoroutineRunner,
+        decoupled: bool = False,
+        instances: int = 1,
     ) -> None:
-        """``model`` is initialized; ``outputs`` are the configured output datatypes."""
+        """``model`` is initialized; ``outputs`` are the configured output datatypes;
+        ``instances`` is how many the model has (for BLS's self-call check)."""
+        self._decoupled = decoupled
+        self._instances = instances
         self._source = source
         self._module = module
         self._model = model
@@ -91,21 +107,61 @@ class TritonModelInstance(ModelInstance):
 
     def execute_requests(self, requests: Sequence[InstanceRequest]) -> list[RequestResult]:
         objects = [InferenceRequest.from_instance_request(request) for request in requests]
+        senders = self._senders(requests, objects) if self._decoupled else []
         try:
-            returned = self._call(self._model.execute, objects)
+            with LINK.caller(self._source.model, self._instances):
+                returned = self._call(self._model.execute, objects)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # any fault of user code
             # fails the requests of this call and nothing else
             log.error("model '%s' raised in execute", self._source.model, exc_info=exc)
-            raise self._failed(self._source.describe(exc)) from exc
+            failure = self._failed(self._source.describe(exc))
+            for sender in senders:
+                if not sender.closed:
+                    with contextlib.suppress(TritonModelException):
+                        sender.send_error(failure)
+            raise failure from exc
+        if self._decoupled:
+            if returned is not None:
+                log.warning(
+                    "model '%s' is decoupled: execute should return None, not %s",
+                    self._source.model, type(returned).__name__,
+                )
+            return [{} for _ in requests]  # the responses went through the senders
         responses = self._responses(returned, len(objects))
         return [
             self._answer(request, response)
             for request, response in zip(requests, responses, strict=True)
         ]
 
+    def _senders(
+        self, requests: Sequence[InstanceRequest], objects: Sequence[InferenceRequest]
+    ) -> list[InferenceResponseSender]:
+        """A response sender for each request of a decoupled model."""
+        senders = []
+        for request, made in zip(requests, objects, strict=True):
+            respond = request.respond
+            if respond is None:
+                raise InternalError(
+                    f"model '{self._source.model}' is decoupled, but its request has no "
+                    "response stream"
+                )
+            sender = InferenceResponseSender(
+                respond, functools.partial(self._partial_answer, request), request.cancelled
+            )
+            made.set_response_sender(sender)
+            senders.append(sender)
+        return senders
+
     def _call(self, method: Callable[..., object], *args: object) -> object:
         result = method(*args)
-        return self._coroutines.run(result) if inspect.isawaitable(result) else result
+        if not inspect.isawaitable(result):
+            return result
+        return self._coroutines.run(self._as_caller(result))
+
+    async def _as_caller(self, awaitable: Awaitable[object]) -> object:
+        """``awaitable`` on the model's loop thread, marked as this model's code."""
+        with LINK.caller(self._source.model, self._instances):
+            return await awaitable
 
     def _failed(self, why: str) -> InternalError:
         return InternalError(
@@ -154,6 +210,31 @@ class TritonModelInstance(ModelInstance):
         except InternalError as exc:
             return exc
         return outputs
+
+    def _partial_answer(
+        self, request: InstanceRequest, response: InferenceResponse
+    ) -> RequestResult:
+        """One of a decoupled model's responses: the requested outputs it has (each response
+        of a stream may carry some of them), or its error."""
+        if not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                "Expected an 'InferenceResponse' object, found type "
+                f"'{type(response).__name__}'."
+            )
+        error = response.error()
+        if error is not None:
+            return error.to_server_error()
+        tensors = {tensor.name(): tensor for tensor in response.output_tensors()}
+        try:
+            return {
+                name: checked_output(
+                    self._source.model, name, self._host(tensors[name]), self._outputs.get(name)
+                )
+                for name in request.output_names
+                if name in tensors
+            }
+        except InternalError as exc:
+            return exc
 
     def _host(self, tensor: Tensor) -> object:
         """A tensor's data in host memory (a GPU tensor copied, through CuPy)."""
@@ -219,4 +300,8 @@ def load(
     except (Exception, SystemExit, KeyboardInterrupt) as exc:
         coroutines.close()
         raise source.load_error("failed to initialize", exc) from exc
-    return TritonModelInstance(source, module, model, outputs, coroutines)
+    instances = sum(group.count for group in config.instance_group) or 1
+    return TritonModelInstance(
+        source, module, model, outputs, coroutines,
+        config.model_transaction_policy.decoupled, instances,
+    )

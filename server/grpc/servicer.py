@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -21,7 +21,8 @@ from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.plane import Plane
 from server.protocol import grpc_codec
 from server.protocol.model_spec import ModelSpec
-from server.protocol.types import InferRequest
+from server.protocol.streaming import EMPTY_FINAL_PARAMETER
+from server.protocol.types import InferRequest, InferResponse
 from server.repository.overrides import FILE_PREFIX
 from server.threads import off_loop_if_large
 
@@ -71,6 +72,32 @@ def _decode(
             offset = end
         raw = views
     return grpc_codec.decode_request(request, spec, raw)
+
+
+#: Triton's answer to a unary inference request for a decoupled model (UNSUPPORTED).
+MODEL_INFER_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+def _error_reply(request: pb.ModelInferRequest, message: str) -> bytes:
+    """A stream's ``error_message`` reply for ``request`` (the stream goes on)."""
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name,
+            model_version=request.model_version,
+            id=request.id,
+        ),
+    ).SerializeToString()
+
+
+def _empty_final(request: pb.ModelInferRequest, spec: ModelSpec, version: str) -> bytes:
+    """The flags-only final response a client asked for with
+    ``triton_enable_empty_final_response``: no outputs, ``triton_final_response`` true."""
+    response = pb.ModelInferResponse(
+        model_name=spec.name, model_version=version or request.model_version, id=request.id
+    )
+    response.parameters[grpc_codec.FINAL_RESPONSE].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=response).SerializeToString()
 
 
 def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
@@ -185,26 +212,60 @@ class InferenceServicer:
     ) -> bytes:
         """The serialized reply: a ``ModelInferResponse``, or with ``stream`` the
         ``ModelStreamInferResponse`` carrying it."""
+        replies = self._replies(request, raw, size, stream)
+        try:
+            async for reply in replies:
+                return reply
+        finally:
+            await replies.aclose()
+        raise Unsupported(MODEL_INFER_DECOUPLED)  # (never: one reply unless decoupled)
+
+    async def _replies(
+        self,
+        request: pb.ModelInferRequest,
+        raw: list[memoryview],
+        size: int,
+        stream: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        """The serialized replies: one ``ModelInferResponse``, or with ``stream`` each
+        ``ModelStreamInferResponse`` (a decoupled model's many; an error among them as an
+        ``error_message`` reply)."""
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
             spec = await self._dataplane.model_spec(request.model_name, request.model_version)
+            if spec.decoupled and not stream:
+                raise Unsupported(MODEL_INFER_DECOUPLED)
             pinned = self._pinned_buffer(raw)
             try:
                 # The copy into pinned memory, typed contents and BYTES elements (converted one
                 # by one) are work of the size of the message: off the loop when large.
                 decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
-                response = await self._dataplane.infer(decoded)
-                # The reply is new bytes: outputs that are views of the inputs are copied now,
-                # before the buffers they view are released.
-                try:
-                    return await off_loop_if_large(
-                        response.payload_bytes, grpc_codec.encode_response_bytes, response, stream
-                    )
-                finally:
-                    response.release()
+                if not spec.decoupled:
+                    response = await self._dataplane.infer(decoded)
+                    yield await self._encoded(response, stream, True)
+                    return
+                empty_final = decoded.parameters.get(EMPTY_FINAL_PARAMETER) is True
+                async for reply in self._dataplane.infer_stream(decoded):
+                    if reply.error is not None:
+                        yield _error_reply(request, reply.error.message)
+                    elif reply.response is not None:
+                        yield await self._encoded(reply.response, stream, reply.final)
+                    elif reply.final and empty_final:
+                        yield _empty_final(request, spec, reply.model_version)
             finally:
                 if pinned is not None:
                     pinned.release()
+
+    async def _encoded(self, response: InferResponse, stream: bool, final: bool) -> bytes:
+        # The reply is new bytes: outputs that are views of the inputs are copied now,
+        # before the buffers they view are released.
+        try:
+            return await off_loop_if_large(
+                response.payload_bytes, grpc_codec.encode_response_bytes, response, stream,
+                final,
+            )
+        finally:
+            response.release()
 
     def _pinned_buffer(self, raw: list[memoryview]) -> HostBuffer | None:
         """With a GPU, a pinned buffer for the raw inputs, from which the executor's
@@ -235,19 +296,15 @@ class InferenceServicer:
             request = pb.ModelInferRequest()
             try:
                 request, raw = grpc_codec.split_request(data)
-                reply = await self._infer(request, raw, len(data), stream=True)
+                async for reply in self._replies(request, raw, len(data), stream=True):
+                    window.replied(len(reply))
+                    replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
                 error = reported(exc, log, "in ModelStreamInfer")
-                reply = pb.ModelStreamInferResponse(
-                    error_message=error.message,
-                    infer_response=pb.ModelInferResponse(
-                        model_name=request.model_name,
-                        model_version=request.model_version,
-                        id=request.id,
-                    ),
-                ).SerializeToString()
-            window.answered(len(data), len(reply))
-            replies.put_nowait(reply)
+                reply = _error_reply(request, error.message)
+                window.replied(len(reply))
+                replies.put_nowait(reply)
+            window.answered(len(data), 0)
 
         async def read() -> None:
             try:

@@ -54,6 +54,11 @@ class StreamWindow:
         self._bytes += reply_bytes - request_bytes
         self._changed.set()
 
+    def replied(self, reply_bytes: int) -> None:
+        """A reply of ``reply_bytes`` waits to be sent, its request still running (one of a
+        decoupled model's responses)."""
+        self._bytes += reply_bytes
+
     def sent(self, reply_bytes: int) -> None:
         """HTTP/2 flow control took a reply of ``reply_bytes``."""
         self._bytes -= reply_bytes

@@ -47,6 +47,9 @@ _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is re
 _OK = httputil.ResponseStartLine("HTTP/1.1", 200, "OK")
 
 
+#: Triton's answer to an HTTP inference request for a decoupled model (UNSUPPORTED).
+DECOUPLED_REFUSED = "HTTP end point doesn't support models with decoupled transaction policy"
+
 class InferService:
     """What every infer request needs, shared by all of them."""
 
@@ -238,6 +241,8 @@ class InferExchange(httputil.HTTPMessageDelegate):
         # unknown model or version is reported as such, whatever else is wrong with the body.
         model, version = self._model, self._version
         spec = await service.dataplane.model_spec(model, version)
+        if spec.decoupled:  # Triton's refusal (http_server.cc): decoupled models need gRPC streams
+            raise Unsupported(DECOUPLED_REFUSED)
         request = await off_loop_if_large(
             len(body), _decode, body, header_length, model, version, spec,
             service.max_input_size,

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from server.ipc.channel import Channel, receive_hello, send_hello
 from server.ipc.tensors import Outbox, pack, shm_ref, shm_tuple, unpack
 from server.memory.arena import Arena
 from server.protocol.model_spec import ModelSpec
+from server.protocol.streaming import StreamReply
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.request_gate import RequestGate
 from server.threads import off_loop_if_large
@@ -57,8 +58,11 @@ class ExecutorClient:
         self._peer_arena: Arena | None = None  # the executor's output arena, mapped here
         self._peer = np.empty(0, dtype=np.uint8)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: streamed requests' replies, in order, until the final one (or a ``Failed``)
+        self._streams: dict[int, asyncio.Queue[m.Streamed | m.Failed]] = {}
         self._ids = itertools.count(1)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
+        self._draining: set[asyncio.Task[None]] = set()
         self._connected = False
 
     async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
@@ -94,6 +98,13 @@ class ExecutorClient:
             assert self._channel is not None
             self._channel.send(m.Acknowledge(message.id))
             return
+        if isinstance(message, m.Streamed | m.Failed) and message.id in self._streams:
+            self._streams[message.id].put_nowait(message)
+            return
+        if isinstance(message, m.Streamed):  # its stream was given up: free its outputs
+            if message.done is not None:
+                self._release_outputs(message.done)
+            return
         future = self._pending.pop(message.id, None)
         if future is None or future.done():
             if isinstance(message, m.Done):  # its request was given up: free its outputs
@@ -110,6 +121,8 @@ class ExecutorClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(Unavailable(EXECUTOR_GONE))
+        for call_id, replies in self._streams.items():
+            replies.put_nowait(m.Failed(call_id, "Unavailable", EXECUTOR_GONE))
 
     async def _ask(self, message: Any, call_id: int) -> Any:
         if not self._connected or self._channel is None:
@@ -236,7 +249,75 @@ class ExecutorClient:
         if isinstance(reply, m.Done):
             self._release_outputs(reply)
 
-    def _describe(self, request: InferRequest, owned: list[int]) -> m.Infer:
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
+        """``infer`` answered by a stream of replies (``Streamed``). The arena blocks of the
+        inputs are freed once the executor has sent its last reply; a stream given up before
+        that tells the executor to drop it and frees them when it has."""
+        owned: list[int] = []
+        call_id: int | None = None
+        ended = False
+        try:
+            copies = self._outbox.copy_bytes([t.data for t in request.inputs])
+            message = await off_loop_if_large(copies, self._describe, request, owned, True)
+            if not self._connected or self._channel is None:
+                raise Unavailable(EXECUTOR_GONE)
+            call_id = message.id
+            replies: asyncio.Queue[m.Streamed | m.Failed] = asyncio.Queue()
+            self._streams[call_id] = replies
+            self._channel.send(message)
+            while not ended:
+                item = await replies.get()
+                if isinstance(item, m.Failed):
+                    ended = True
+                    raise error_from(item.error, item.message)
+                ended = item.final
+                yield self._stream_reply(item)
+        finally:
+            if ended or call_id is None:
+                self._end_stream(call_id, owned)
+            else:
+                self._abandon_stream(call_id, owned)
+
+    def _stream_reply(self, item: m.Streamed) -> StreamReply:
+        error = None if item.error is None else error_from(item.error, item.message)
+        response = None if item.done is None else self._response(item.done)
+        return StreamReply(response, error, item.final, item.model_version)
+
+    def _end_stream(self, call_id: int | None, owned: list[int]) -> None:
+        if call_id is not None:
+            self._streams.pop(call_id, None)
+        for offset in owned:
+            self._free(offset)
+
+    def _abandon_stream(self, call_id: int, owned: list[int]) -> None:
+        """Drop stream ``call_id``: tell the executor, and once its last reply is in (its
+        outputs released), free the inputs' blocks."""
+        replies = self._streams.get(call_id)
+        if replies is None or self._channel is None or not self._connected:
+            self._end_stream(call_id, owned)
+            return
+        self._channel.send(m.Cancel(call_id))
+
+        async def drain() -> None:
+            try:
+                while True:
+                    item = await replies.get()
+                    if isinstance(item, m.Failed):
+                        return
+                    if item.done is not None:
+                        self._release_outputs(item.done)
+                    if item.final:
+                        return
+            finally:
+                self._end_stream(call_id, owned)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    def _describe(
+        self, request: InferRequest, owned: list[int], stream: bool = False
+    ) -> m.Infer:
         inputs = [
             pack(t.name, t.datatype, t.shape, t.data, t.parameters, t.shared_memory,
                  self._outbox, owned)
@@ -250,7 +331,7 @@ class ExecutorClient:
             ]
         return m.Infer(
             next(self._ids), request.model_name, request.model_version, request.id,
-            request.parameters, inputs, outputs,
+            request.parameters, inputs, outputs, stream,
         )
 
     def _response(self, done: m.Done) -> InferResponse:

@@ -39,6 +39,9 @@ class Wanted(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class Infer(msgspec.Struct, array_like=True, tag=1):
+    """A request; with ``stream``, answered by ``Streamed`` replies (a decoupled model's
+    many), the last flagged final, instead of one ``Done``."""
+
     id: int
     model: str
     version: str
@@ -46,6 +49,7 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     parameters: dict[str, Any]
     inputs: list[Tensor]
     outputs: list[Wanted] | None
+    stream: bool = False
 
 
 class Cancel(msgspec.Struct, array_like=True, tag=2):
@@ -108,7 +112,20 @@ class Invalidate(msgspec.Struct, array_like=True, tag=13):
     id: int
 
 
-ToFrontEnd = Done | Failed | Returned | Invalidate
+class Streamed(msgspec.Struct, array_like=True, tag=14):
+    """One reply to a streamed request ``id``: a response (``done``), an error (``error``
+    names its class in ``server.errors``), or neither (a flags-only final). After the one
+    with ``final``, or a ``Failed``, nothing more comes for ``id``."""
+
+    id: int
+    final: bool
+    model_version: str
+    done: Done | None = None
+    error: str | None = None
+    message: str = ""
+
+
+ToFrontEnd = Done | Failed | Returned | Invalidate | Streamed
 
 
 class Hello(msgspec.Struct, array_like=True):

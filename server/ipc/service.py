@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from server.dataplane import DataPlane
@@ -187,27 +187,50 @@ class ExecutorService:
     async def _infer(self, connection: _Connection, message: m.Infer) -> None:
         try:
             request = self._request(connection, message)
+            if message.stream:
+                await self._stream(connection, message, request)
+                return
             response = await self._dataplane.infer(request)
-            owned: list[int] = []
-            try:
-                # A large result's copy into the arena is off the loop, which serves every
-                # front end (the thread is waited for, also when cancelled).
-                outputs = await off_loop_if_large(
-                    response.payload_bytes, _pack_outputs, response, connection.outbox, owned
-                )
-            except BaseException:
-                for offset in owned:
-                    connection.allocator.free(offset)
-                raise
-            connection.send(
-                m.Done(message.id, response.model_name, response.model_version, response.id,
-                       response.parameters, outputs)
-            )
+            connection.send(await self._done(connection, message, response))
         except InferenceServerError as exc:
             connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
         except Exception as exc:
             log.exception("request %d of front end %d failed", message.id, connection.index)
             connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
+
+    async def _done(
+        self, connection: _Connection, message: m.Infer, response: InferResponse
+    ) -> m.Done:
+        owned: list[int] = []
+        try:
+            # A large result's copy into the arena is off the loop, which serves every
+            # front end (the thread is waited for, also when cancelled).
+            outputs = await off_loop_if_large(
+                response.payload_bytes, _pack_outputs, response, connection.outbox, owned
+            )
+        except BaseException:
+            for offset in owned:
+                connection.allocator.free(offset)
+            raise
+        return m.Done(message.id, response.model_name, response.model_version, response.id,
+                      response.parameters, outputs)
+
+    async def _stream(
+        self, connection: _Connection, message: m.Infer, request: InferRequest
+    ) -> None:
+        """Each reply of ``infer_stream`` as a ``Streamed`` message, in order."""
+        async for reply in self._dataplane.infer_stream(request):
+            done = None
+            if reply.response is not None:
+                done = await self._done(connection, message, reply.response)
+            error = reply.error
+            connection.send(
+                m.Streamed(message.id, reply.final, reply.model_version, done,
+                           None if error is None else type(error).__name__,
+                           "" if error is None else error.message)
+            )
+            if reply.final:
+                return
 
     def _finished(self, connection: _Connection, request: int, task: asyncio.Task[None]) -> None:
         """Every request gets a final answer, also one cancelled before it ever ran."""
@@ -278,12 +301,41 @@ class ExecutorService:
             for ack in waiting:
                 self._acks.pop(ack, None)
 
+    def model_calls(self) -> _ModelCalls:
+        """The data plane as python models call it: their loads and unloads are reported to
+        every front end, as a client's are."""
+        return _ModelCalls(self._dataplane, self.invalidate)
+
     def close(self) -> None:
         for connection in list(self._connections):
             if connection.channel is not None:
                 connection.channel.close()
         for task in list(self._calls):
             task.cancel()
+
+
+class _ModelCalls:
+    """``DataPlane`` for BLS and model control (``backends.python.server_link.ServerCalls``)."""
+
+    def __init__(self, dataplane: DataPlane, invalidate: Callable[[], Awaitable[None]]) -> None:
+        self._dataplane = dataplane
+        self._invalidate = invalidate
+        self.infer = dataplane.infer
+        self.infer_stream = dataplane.infer_stream
+        self.model_ready = dataplane.model_ready
+        self.model_spec = dataplane.model_spec
+
+    async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
+        try:
+            await self._dataplane.load_model(name, config_json, files)
+        finally:
+            await self._invalidate()
+
+    async def unload_model(self, name: str) -> None:
+        try:
+            await self._dataplane.unload_model(name)
+        finally:
+            await self._invalidate()
 
 
 def _pack_outputs(response: InferResponse, outbox: Outbox, owned: list[int]) -> list[m.Tensor]:

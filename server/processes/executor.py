@@ -13,7 +13,13 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from server.app import build_repository, load_models, poll_repository, start_metrics
+from server.app import (
+    build_repository,
+    connect_models,
+    load_models,
+    poll_repository,
+    start_metrics,
+)
 from server.cuda.host_register import register_with_cuda, unregister_from_cuda
 from server.dataplane import DataPlane
 from server.event_loop import run
@@ -40,6 +46,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     service = ExecutorService(dataplane, output_arena_bytes(settings, info.frontends))
     service.on_connected = register_with_cuda
     service.on_released = unregister_from_cuda
+    connect_models(service.model_calls())
     try:
         metrics = start_metrics(settings, dataplane, pool) if settings.allow_metrics else None
     except OSError as exc:

@@ -283,10 +283,14 @@ def split_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview]]:
         raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
 
 
-def encode_response_bytes(response: InferResponse, stream: bool = False) -> bytes:
+def encode_response_bytes(
+    response: InferResponse, stream: bool = False, final: bool = True
+) -> bytes:
     """The serialized ``ModelInferResponse``: header fields by protobuf, then one
     ``raw_output_contents`` entry per output, in order, written directly. With ``stream``, the
-    ``ModelStreamInferResponse`` carrying it (flagged final), in the same single copy."""
+    ``ModelStreamInferResponse`` carrying it (its ``triton_final_response`` parameter says
+    ``final``: False on a decoupled model's responses before its last), in the same single
+    copy."""
     header = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -301,7 +305,7 @@ def encode_response_bytes(response: InferResponse, stream: bool = False) -> byte
         blob = tensor_to_bytes(output.data, output.datatype)
         parts += [_RAW_OUTPUT_TAG, _varint(blob.nbytes), blob]
     if stream:
-        header.parameters[FINAL_RESPONSE].bool_param = True
+        header.parameters[FINAL_RESPONSE].bool_param = final
     head = header.SerializeToString()
     if not stream:
         return b"".join([head, *parts])

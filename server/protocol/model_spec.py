@@ -38,6 +38,8 @@ class ModelSpec:
     max_batch_size: int
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    #: ``model_transaction_policy { decoupled: true }``: zero or many responses per request
+    decoupled: bool = False
 
     @property
     def batching(self) -> bool:
@@ -50,6 +52,7 @@ class ModelSpec:
             max_batch_size=config.max_batch_size,
             inputs={t.name: _tensor(t, t.optional) for t in config.input},
             outputs={t.name: _tensor(t, False) for t in config.output},
+            decoupled=config.model_transaction_policy.decoupled,
         )
 
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from backends.base import InstanceRequest
+from backends.base import InstanceRequest, ResponseSink
 from server.scheduling.times import ExecutionTimes
 
 
@@ -28,12 +28,14 @@ class Job:
     parameters: Mapping[str, Any] = field(default_factory=dict)
     #: set once its client has given up while it executes (read by the instance's thread)
     cancelled: bool = False
+    #: a decoupled model's responses go here (``ResponseSink``), not into the job's result
+    respond: ResponseSink | None = None
 
     def instance_request(self) -> InstanceRequest:
         """The request as ``ModelInstance.execute_requests`` takes it."""
         return InstanceRequest(
             self.inputs, self.output_names, self.request_id, self.parameters,
-            lambda: self.cancelled,
+            lambda: self.cancelled, self.respond,
         )
 
 

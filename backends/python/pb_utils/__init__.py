@@ -4,8 +4,8 @@ A ``model.py`` written for Triton does ``import triton_python_backend_utils as p
 top-level module of that name re-exports this package, and the python backend makes sure the
 name resolves to it before it imports a model. What is here: tensors, requests and responses,
 errors, the datatype and config helpers, ``ModelConfig`` for ``auto_complete_config``, the
-logger and custom metrics. Not yet: Business Logic Scripting (``InferenceRequest.exec``,
-``load_model``...) and decoupled response senders.
+logger and custom metrics, Business Logic Scripting (``InferenceRequest.exec``,
+``load_model``...) and decoupled models' response senders.
 """
 
 from backends.python.pb_utils.config import (
@@ -25,6 +25,7 @@ from backends.python.pb_utils.datatypes import (
 from backends.python.pb_utils.errors import TritonError, TritonModelException
 from backends.python.pb_utils.logger import Logger
 from backends.python.pb_utils.metrics import Metric, MetricFamily
+from backends.python.pb_utils.model_control import is_model_ready, load_model, unload_model
 from backends.python.pb_utils.requests import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
@@ -36,6 +37,7 @@ from backends.python.pb_utils.requests import (
     get_input_tensor_by_name,
     get_output_tensor_by_name,
 )
+from backends.python.pb_utils.response_sender import InferenceResponseSender
 from backends.python.pb_utils.tensor import Tensor
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "Logger",
     "Metric",
     "MetricFamily",
@@ -59,9 +62,12 @@ __all__ = [
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
     "using_decoupled_model_transaction_policy",
 ]

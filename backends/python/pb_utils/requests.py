@@ -2,8 +2,8 @@
 
 One ``InferenceRequest`` stands for one client request, also when the dynamic batcher ran
 several together. Its constructor takes Triton's keyword arguments for a request a model
-builds itself (Business Logic Scripting), which a later part will run with ``exec``; for now
-``exec`` says it is not supported, as does ``get_response_sender`` (decoupled models).
+builds itself (Business Logic Scripting), which ``exec`` runs (``bls``). A request to a
+decoupled model answers through ``get_response_sender()`` (``response_sender``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from backends.base import InstanceRequest
+from backends.python.pb_utils import bls
 from backends.python.pb_utils.errors import TritonError, TritonModelException
 from backends.python.pb_utils.tensor import Tensor
 
@@ -66,6 +67,7 @@ class InferenceRequest:
             json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
         )
         self._cancelled: Callable[[], bool] = _never
+        self._sender: Any = None
         self._preferred_memory = preferred_memory
         self._trace = trace
 
@@ -126,20 +128,36 @@ class InferenceRequest:
         """Whether the client has given up on the request (a model may stop early)."""
         return self._cancelled()
 
+    def model_version(self) -> int:
+        return self._model_version
+
+    def parameter_dict(self) -> dict[str, Any]:
+        """The parameters as a dict (what ``parameters()`` prints)."""
+        return dict(self._parameters)
+
+    def set_response_sender(self, sender: Any) -> None:
+        """Give a decoupled model's request its sender (the python backend does)."""
+        self._sender = sender
+
     def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender() is not supported yet: it needs a decoupled model "
-            "(model_transaction_policy { decoupled: true }), which tensorgate does not serve "
-            "yet"
-        )
+        """The ``InferenceResponseSender`` of a request to a decoupled model."""
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available for requests to a decoupled model "
+                "(model_transaction_policy { decoupled: true })"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(
-            "InferenceRequest.exec() (Business Logic Scripting) is not supported yet"
-        )
+        """Run this request on the server (BLS) and wait: an ``InferenceResponse``, or with
+        ``decoupled`` a generator of them."""
+        return bls.stream(self) if decoupled else bls.execute(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        return self.exec(decoupled)
+        """``exec`` awaited: the model's loop serves other coroutines meanwhile."""
+        if decoupled:
+            return await bls.stream_async(self)
+        return await bls.execute_async(self)
 
     def __repr__(self) -> str:
         names = [tensor.name() for tensor in self._inputs]
