@@ -1,0 +1,209 @@
+"""Triton-style python models for the BLS and decoupled tests, written from the behaviour
+NVIDIA's python_backend examples describe (``examples/decoupled``: repeat, square; BLS: a
+model calling another), and the repositories they make."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripts import make_models
+
+# Decoupled: one response per element of IN (OUT = IN[i], IDX = i), each after DELAY[i] ms,
+# sent from a thread of its own after execute has returned; WAIT ms after the last one, the
+# final flag alone.
+REPEAT_CONFIG = """name: "repeat_int32"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+  { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+REPEAT = """import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().copy()
+            delays = pb_utils.get_input_tensor_by_name(request, "DELAY").as_numpy().copy()
+            wait = pb_utils.get_input_tensor_by_name(request, "WAIT").as_numpy().copy()
+            if values.shape != delays.shape:
+                error = pb_utils.TritonError("IN and DELAY must have the same shape")
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse(error=error),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            thread = threading.Thread(
+                target=self.respond,
+                args=(request.get_response_sender(), values, delays, int(wait[0])),
+            )
+            thread.start()
+            self.threads.append(thread)
+        return None
+
+    def respond(self, sender, values, delays, wait_ms):
+        for index, (value, delay) in enumerate(zip(values, delays)):
+            time.sleep(int(delay) / 1000)
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                pb_utils.Tensor("IDX", np.array([index], np.uint32)),
+            ]))
+        time.sleep(wait_ms / 1000)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self):
+        for thread in self.threads:
+            thread.join()
+"""
+# Decoupled: N responses of OUT = N for input N, sent from execute, then the final flag alone;
+# a negative N is answered by one error response, flagged final.
+SQUARE_CONFIG = """name: "square_int32"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+SQUARE = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            if n < 0:
+                error = pb_utils.TritonError(f"cannot send {n} responses", 3)
+                sender.send(pb_utils.InferenceResponse(error=error),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            for _ in range(n):
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([n], np.int32))]
+                ))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+DOUBLE_CONFIG = """name: "double"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+DOUBLE = """import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.02)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2
+            )])
+            for r in requests
+        ]
+"""
+# BLS: the request parameter "target" names the model to call with IN (its OUT comes back as
+# ours, its error as ours); "mode" = "stream" calls square_int32 decoupled with IN[0] and
+# answers the values it sent, "control" reports is_model_ready around an unload and a load of
+# the target. One instance: a call to itself must not hang.
+BLS_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+BLS = """import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def answer(values):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(values, np.int32))])
+
+
+class TritonPythonModel:
+    ASYNC def execute(self, requests):
+        responses = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            target = params.get("target", "double")
+            mode = params.get("mode", "")
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if mode == "control":
+                before = pb_utils.is_model_ready(target)
+                pb_utils.unload_model(target)
+                unloaded = pb_utils.is_model_ready(target)
+                pb_utils.load_model(target)
+                responses.append(answer([before, unloaded, pb_utils.is_model_ready(target)]))
+                continue
+            if mode == "stream":
+                call = pb_utils.InferenceRequest(
+                    model_name="square_int32", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("IN", x[:1])],
+                )
+                values = []
+                for reply in AWAIT call.EXEC(decoupled=True):
+                    if reply.has_error():
+                        return [pb_utils.InferenceResponse(error=reply.error())]
+                    values.append(int(pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()[0]))
+                responses.append(answer(values))
+                continue
+            call = pb_utils.InferenceRequest(
+                model_name=target, requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", x)], request_id="from-bls",
+            )
+            reply = AWAIT call.EXEC()
+            if reply.has_error():
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(reply.error().message(), reply.error().code())
+                ))
+                continue
+            responses.append(answer(pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()))
+        return responses
+"""
+
+
+def _bls(name: str, asynchronous: bool) -> tuple[str, str]:
+    code = BLS.replace("ASYNC ", "async " if asynchronous else "")
+    code = code.replace("AWAIT ", "await " if asynchronous else "")
+    code = code.replace(".EXEC(", ".async_exec(" if asynchronous else ".exec(")
+    return BLS_CONFIG.format(name=name), code
+
+
+MODELS = {
+    "repeat_int32": (REPEAT_CONFIG, REPEAT),
+    "square_int32": (SQUARE_CONFIG, SQUARE),
+    "double": (DOUBLE_CONFIG, DOUBLE),
+    "spare": (DOUBLE_CONFIG.replace('name: "double"', 'name: "spare"'), DOUBLE),
+    "bls": _bls("bls", asynchronous=False),
+    "bls_async": _bls("bls_async", asynchronous=True),
+}
+
+
+def write_repository(root: Path) -> Path:
+    for name, (config, code) in MODELS.items():
+        make_models.write_text(config, root / name / "config.pbtxt")
+        make_models.write_text(code, root / name / "1" / "model.py")
+    return root

@@ -1,0 +1,244 @@
+"""BLS and decoupled python models served by the real server, in one process and split into
+front end and executor: a model calling another (sync and async), its errors (Triton's texts),
+model control from a model, a self-call that must not hang; decoupled models streamed over
+gRPC ``ModelStreamInfer`` as tritonclient's stream examples use them (final flags, empty
+finals only when asked, errors on the stream), and refused by HTTP and unary ``ModelInfer``."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.backends.python.bls_models import write_repository
+from tests.server_process import ServerProcess, start_server
+
+_WAIT_S = 20.0
+
+
+@pytest.fixture(scope="module", params=["0", "1"], ids=["one-process", "split"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    root = write_repository(tmp_path_factory.mktemp("bls_repo"))
+    process = start_server(
+        root,
+        args=(f"--frontends={request.param}", "--model-control-mode=explicit", "--load-model=*"),
+    )
+    assert process.port is not None, process.log
+    yield process
+    process.stop()
+
+
+def _input(name: str, values: list[int], datatype: str = "INT32") -> grpcclient.InferInput:
+    array = np.array(values, np.int32 if datatype == "INT32" else np.uint32)
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _bls(server: ServerProcess, model: str, values: list[int], **params: Any) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        result = client.infer(model, [_input("IN", values)], parameters=params or None)
+    finally:
+        client.close()
+    out = result.as_numpy("OUT")
+    assert out is not None
+    return out
+
+
+# --- BLS ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_a_model_calls_another(server: ServerProcess, model: str) -> None:
+    assert _bls(server, model, [1, 2, 3]).tolist() == [2, 4, 6]
+    # through the target's scheduler and statistics, as a client's request
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics("double", as_json=True)
+    finally:
+        client.close()
+    assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_bls_errors_are_the_targets_with_tritons_texts(server: ServerProcess, model: str) -> None:
+    with pytest.raises(InferenceServerException) as missing:
+        _bls(server, model, [1], target="missing")
+    assert "Failed for execute the inference request. Model 'missing' is not ready." in str(
+        missing.value
+    )
+    with pytest.raises(InferenceServerException) as decoupled:
+        _bls(server, model, [1], target="square_int32")
+    assert "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls" in str(
+        decoupled.value
+    )
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_a_single_instance_calling_itself_is_refused_at_once(
+    server: ServerProcess, model: str
+) -> None:
+    with pytest.raises(InferenceServerException) as refused:
+        _bls(server, model, [1], target=model)
+    assert "which would wait for itself forever" in str(refused.value)
+    assert _bls(server, model, [5]).tolist() == [10]  # and it serves on
+
+
+def test_a_busy_single_instance_calling_another_serves_every_request(
+    server: ServerProcess,
+) -> None:
+    results: queue.Queue[list[int] | InferenceServerException] = queue.Queue()
+
+    def call(value: int) -> None:
+        try:
+            results.put(_bls(server, "bls", [value]).tolist())
+        except InferenceServerException as exc:  # reported below
+            results.put(exc)
+
+    threads = [threading.Thread(target=call, args=(value,)) for value in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(_WAIT_S)
+    answers = [results.get_nowait() for _ in threads]
+    assert sorted(a[0] for a in answers if isinstance(a, list)) == [0, 2, 4, 6, 8, 10], answers
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_bls_decoupled_exec_yields_each_response(server: ServerProcess, model: str) -> None:
+    assert _bls(server, model, [3], mode="stream").tolist() == [3, 3, 3]
+    assert _bls(server, model, [0], mode="stream").tolist() == []
+    with pytest.raises(InferenceServerException, match="cannot send -1 responses"):
+        _bls(server, model, [-1], mode="stream")
+
+
+def test_model_control_from_a_model(server: ServerProcess) -> None:
+    assert _bls(server, "bls", [0], mode="control", target="spare").tolist() == [1, 0, 1]
+    assert _bls(server, "bls", [4], target="spare").tolist() == [8]
+
+
+# --- decoupled ------------------------------------------------------------------------------
+
+
+class _Stream:
+    """A tritonclient gRPC stream whose callback collects results and errors."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.items: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.items.put((result, error)))
+
+    def take(self, count: int) -> list[tuple[Any, Any]]:
+        return [self.items.get(timeout=_WAIT_S) for _ in range(count)]
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+@pytest.fixture
+def stream(server: ServerProcess) -> Iterator[_Stream]:
+    opened = _Stream(server)
+    yield opened
+    opened.close()
+
+
+def _final(result: Any) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+
+def _repeat_inputs(values: list[int], delays: list[int], wait: int) -> list[Any]:
+    return [
+        _input("IN", values), _input("DELAY", delays, "UINT32"), _input("WAIT", [wait], "UINT32")
+    ]
+
+
+def test_repeat_sends_each_element_then_an_empty_final_when_asked(stream: _Stream) -> None:
+    stream.client.async_stream_infer(
+        "repeat_int32", _repeat_inputs([4, 2, 0, 1], [1, 2, 3, 4], 5), request_id="r1",
+        enable_empty_final_response=True,
+    )
+    items = stream.take(5)
+    assert all(error is None for _, error in items), items
+    results = [result for result, _ in items]
+    assert [r.as_numpy("OUT").tolist() for r in results[:4]] == [[4], [2], [0], [1]]
+    assert [r.as_numpy("IDX").tolist() for r in results[:4]] == [[0], [1], [2], [3]]
+    assert [_final(r) for r in results] == [False, False, False, False, True]
+    assert all(r.get_response().id == "r1" for r in results)
+    last = results[4].get_response()
+    assert last.model_name == "repeat_int32" and last.model_version == "1"
+    assert not last.outputs  # empty: the flag alone
+
+
+def test_without_asking_no_empty_final_is_sent(stream: _Stream) -> None:
+    stream.client.async_stream_infer("square_int32", [_input("IN", [2])], request_id="s2")
+    stream.client.async_stream_infer("square_int32", [_input("IN", [1])], request_id="s1")
+    items = stream.take(3)
+    assert all(error is None for _, error in items), items
+    by_id: dict[str, list[bool]] = {}
+    for result, _ in items:
+        by_id.setdefault(result.get_response().id, []).append(_final(result))
+        assert result.as_numpy("OUT").tolist() in ([2], [1])
+    assert by_id == {"s2": [False, False], "s1": [False]}
+    with pytest.raises(queue.Empty):
+        stream.items.get(timeout=0.5)
+
+
+def test_zero_responses_and_an_error_on_the_stream(stream: _Stream) -> None:
+    stream.client.async_stream_infer(
+        "square_int32", [_input("IN", [0])], request_id="zero", enable_empty_final_response=True
+    )
+    ((result, error),) = stream.take(1)
+    assert error is None and _final(result) and result.get_response().id == "zero"
+    stream.client.async_stream_infer("square_int32", [_input("IN", [-1])], request_id="neg")
+    ((result, error),) = stream.take(1)
+    assert result is None and "cannot send -1 responses" in str(error)
+    # the stream goes on, and a non-decoupled model on it answers once, flagged final
+    stream.client.async_stream_infer("double", [_input("IN", [3])], request_id="d")
+    ((result, error),) = stream.take(1)
+    assert error is None and _final(result) and result.as_numpy("OUT").tolist() == [6]
+
+
+def test_decoupled_models_are_refused_by_http_and_unary_grpc(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    try:
+        with pytest.raises(InferenceServerException) as by_http:
+            http.infer("square_int32", [tensor])
+        assert "HTTP end point doesn't support models with decoupled transaction policy" in str(
+            by_http.value
+        )
+        with pytest.raises(InferenceServerException) as by_grpc:
+            grpc.infer("square_int32", [_input("IN", [1])])
+        assert by_grpc.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(
+            by_grpc.value
+        )
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_decoupled_statistics_count_the_request(server: ServerProcess, stream: _Stream) -> None:
+    stream.client.async_stream_infer(
+        "square_int32", [_input("IN", [2])], enable_empty_final_response=True
+    )
+    stream.take(3)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics("square_int32", as_json=True)
+    finally:
+        client.close()
+    assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
