@@ -72,7 +72,7 @@ class TritonPythonModel:
             thread.join()
 """
 # Decoupled: N responses of OUT = N for input N, sent from execute, then the final flag alone;
-# a negative N is answered by one error response, flagged final.
+# a negative N is answered by one error response, flagged final (-2: execute raises).
 SQUARE_CONFIG = """name: "square_int32"
 backend: "python"
 max_batch_size: 0
@@ -89,6 +89,8 @@ class TritonPythonModel:
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
             sender = request.get_response_sender()
+            if n == -2:
+                raise RuntimeError("square gave up")
             if n < 0:
                 error = pb_utils.TritonError(f"cannot send {n} responses", 3)
                 sender.send(pb_utils.InferenceResponse(error=error),

@@ -203,6 +203,11 @@ def test_zero_responses_and_an_error_on_the_stream(stream: _Stream) -> None:
     stream.client.async_stream_infer("square_int32", [_input("IN", [-1])], request_id="neg")
     ((result, error),) = stream.take(1)
     assert result is None and "cannot send -1 responses" in str(error)
+    stream.client.async_stream_infer("square_int32", [_input("IN", [-2])], request_id="raise")
+    ((result, error),) = stream.take(1)
+    assert result is None
+    assert "Failed to process the request(s) for model 'square_int32'" in str(error)
+    assert "square gave up" in str(error)
     # the stream goes on, and a non-decoupled model on it answers once, flagged final
     stream.client.async_stream_infer("double", [_input("IN", [3])], request_id="d")
     ((result, error),) = stream.take(1)
@@ -242,3 +247,26 @@ def test_decoupled_statistics_count_the_request(server: ServerProcess, stream: _
     finally:
         client.close()
     assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
+
+
+def test_a_stream_given_up_midway_leaves_the_server_serving(server: ServerProcess) -> None:
+    first = _Stream(server)
+    try:
+        first.client.async_stream_infer(
+            "repeat_int32", _repeat_inputs([1, 2, 3], [1, 300, 300], 0), request_id="gone"
+        )
+        ((result, error),) = first.take(1)
+        assert error is None and result.as_numpy("OUT").tolist() == [1]
+    finally:
+        first.close()  # the client goes away while the model still sends
+    second = _Stream(server)
+    try:
+        second.client.async_stream_infer(
+            "repeat_int32", _repeat_inputs([7], [1], 0), request_id="next",
+            enable_empty_final_response=True,
+        )
+        items = second.take(2)
+        assert [error for _, error in items] == [None, None]
+        assert items[0][0].as_numpy("OUT").tolist() == [7] and _final(items[1][0])
+    finally:
+        second.close()
