@@ -233,14 +233,15 @@ class InferenceServicer:
         with self._dataplane.gate.admit():
             # Resolve the model first: an unknown model is reported as such whatever the body.
             spec = await self._dataplane.model_spec(request.model_name, request.model_version)
-            if spec.decoupled and not stream:
+            decoupled = spec is not None and spec.decoupled  # (test doubles may have no spec)
+            if decoupled and not stream:
                 raise Unsupported(MODEL_INFER_DECOUPLED)
             pinned = self._pinned_buffer(raw)
             try:
                 # The copy into pinned memory, typed contents and BYTES elements (converted one
                 # by one) are work of the size of the message: off the loop when large.
                 decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
-                if not spec.decoupled:
+                if not decoupled:
                     response = await self._dataplane.infer(decoded)
                     yield await self._encoded(response, stream, True)
                     return
