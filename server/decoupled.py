@@ -50,7 +50,9 @@ async def replies(
     items: asyncio.Queue[_Item] = asyncio.Queue()
 
     def respond(result: RequestResult | None, final: bool) -> None:  # any thread
-        loop.call_soon_threadsafe(items.put_nowait, (result, final))
+        # (a model still sending once the server has stopped its loop: nobody to tell)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(items.put_nowait, (result, final))
 
     job = Job(
         prepared.inputs, prepared.output_names, rows=prepared.batch_size,

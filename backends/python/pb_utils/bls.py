@@ -82,6 +82,11 @@ def server_request(request: InferenceRequest) -> InferRequest:
     inputs = []
     for tensor in request.inputs():
         array = tensor.as_numpy()
+        if array.dtype.kind in ("S", "U"):  # BYTES travel as object arrays of bytes
+            array = np.array(
+                [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1).tolist()],
+                dtype=object,
+            ).reshape(array.shape)
         inputs.append(InputTensor(tensor.name(), _datatype(array), tuple(array.shape), array))
     names = request.requested_output_names()
     return InferRequest(
