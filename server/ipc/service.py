@@ -331,9 +331,9 @@ class _ModelCalls:
         finally:
             await self._invalidate()
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         try:
-            await self._dataplane.unload_model(name)
+            await self._dataplane.unload_model(name, unload_dependents)
         finally:
             await self._invalidate()
 

@@ -31,9 +31,9 @@ def load_model(
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    """Unload ``model_name`` (``unload_dependents`` is accepted; nothing depends on models
-    here yet)."""
-    _wait(LINK.calls.unload_model(model_name))
+    """Unload ``model_name``; ``unload_dependents`` takes an ensemble's composing models
+    with it, as the repository API's parameter does."""
+    _wait(LINK.calls.unload_model(model_name, unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
