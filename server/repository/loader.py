@@ -24,6 +24,8 @@ from server.repository.autocomplete import autocomplete, is_complete
 from server.repository.limits import check_limits
 from server.repository.paths import confined_file
 from server.repository.versions import available_versions, select_versions
+from server.repository.warmup import NamedInstance, instance_names, run_warmup
+from server.repository.warmup_data import build_samples
 from server.request_gate import RequestGate
 from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
 from server.scheduling.direct import DirectScheduler
@@ -297,9 +299,14 @@ def _load_version(
                 for _ in range(group.count):
                     placement = Placement(group.kind, device)
                     instances.append(backend.load_instance(path, config, placement))
-    except Exception as exc:  # noqa: BLE001 - a backend's fault fails this version only
+        # after every instance exists, before any request can reach one (Triton's order)
+        named = map(NamedInstance, instance_names(config), instances)
+        run_warmup(config, build_samples(config, model_dir), list(named), result.stats)
+    except Exception as exc:  # noqa: BLE001 - a backend's or a warmup sample's fault fails
+        # this version only
         for instance in instances:
             instance.close()
+        result.stats = ModelStats()  # what warmup counted before it failed goes too
         result.reason = to_server_error(exc).message
         log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
         return result

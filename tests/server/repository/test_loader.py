@@ -510,7 +510,6 @@ def test_configs_past_the_bounds_are_refused_before_loading(
     "extra, field",
     [
         ("sequence_batching { }", "sequence_batching"),
-        ('model_warmup { name: "w" batch_size: 1 }', "model_warmup"),
         ("response_cache { enable: true }", "response_cache { enable: true }"),
         ('model_repository_agents { agents { name: "checksum" } }', "model_repository_agents"),
         ('model_operations { op_library_filename: "libop.so" }', "model_operations"),
