@@ -220,11 +220,7 @@ def _check_class_count(
         raise InvalidArgument(
             "invalid value type for 'classification' parameter, expected int64_param"
         )
-    if count < 0:
-        raise InvalidArgument(
-            f"invalid 'classification' parameter of output '{output.name}': expected a "
-            f"non-negative class count, got {count}"
-        )
+    # A negative count gets the HTTP text, so that both transports say the same.
     classification.parse_count(count, in_shared_memory)
 
 
