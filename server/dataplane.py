@@ -32,7 +32,7 @@ from server.memory.host_pool import HostBufferPool
 from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
 from server.observability.metrics import ModelEntry
 from server.observability.statistics import statistics_response
-from server.protocol import datatypes
+from server.protocol import classification, datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.shapes import element_count
@@ -61,6 +61,7 @@ _BYTES = datatypes.from_name("BYTES")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
 EXTENSIONS = (
+    "classification",
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",
@@ -252,10 +253,16 @@ class DataPlane:
                 results = await self._execute(served, spec, request, job)
             executed_at = time.perf_counter_ns()
             outputs = []
+            counts = classification.class_counts(request)
             for name in prepared.output_names:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
-                outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
+                output = OutputTensor(name, declared.datatype, tuple(data.shape), data)
+                outputs.append(
+                    classification.classify(
+                        output, counts.get(name, 0), spec.batching, declared.labels
+                    )
+                )
             if lease is not None:
                 await off_loop_if_large(
                     sum(o.data.nbytes for o in outputs),

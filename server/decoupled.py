@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import InferenceServerError, InternalError, InvalidArgument
+from server.protocol import classification
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.streaming import StreamReply
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
@@ -109,10 +110,14 @@ def _reply(
         )
         return StreamReply(error=error, final=final, model_version=str(served.version))
     outputs = []
+    counts = classification.class_counts(request)
     for name in names:
         if name in result:
             declared = spec.outputs[name]
             data = client_shape(np.asarray(result[name]), declared, spec.batching, rows)
-            outputs.append(OutputTensor(name, declared.datatype, tuple(data.shape), data))
+            output = OutputTensor(name, declared.datatype, tuple(data.shape), data)
+            outputs.append(
+                classification.classify(output, counts.get(name, 0), spec.batching, declared.labels)
+            )
     response = InferResponse(spec.name, str(served.version), outputs, request.id)
     return StreamReply(response=response, final=final, model_version=str(served.version))

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from server.errors import InvalidArgument, Unsupported
+from server.errors import InvalidArgument
 from server.generated import grpc_service_pb2 as pb
-from server.protocol import datatypes
+from server.protocol import classification, datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec
@@ -205,9 +205,23 @@ def _narrowed(values: Iterable[int], datatype: DataType, name: str) -> np.ndarra
 
 def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
     params = _parameters(output.parameters, f"output '{output.name}'")
-    if "classification" in params:
-        raise Unsupported("the classification extension is not supported")
-    return RequestedOutput(output.name, params, shared_memory_ref(params, f"output '{output.name}'"))
+    region = shared_memory_ref(params, f"output '{output.name}'")
+    if classification.PARAMETER in params:
+        _check_class_count(output, params[classification.PARAMETER], region is not None)
+    return RequestedOutput(output.name, params, region)
+
+
+def _check_class_count(
+    output: pb.ModelInferRequest.InferRequestedOutputTensor, count: Any, in_shared_memory: bool
+) -> None:
+    """An ``int64_param`` (what tritonclient's ``class_count`` sets), not negative."""
+    kind = output.parameters[classification.PARAMETER].WhichOneof("parameter_choice")
+    if kind != "int64_param":
+        raise InvalidArgument(
+            "invalid value type for 'classification' parameter, expected int64_param"
+        )
+    # A negative count gets the HTTP text, so that both transports say the same.
+    classification.parse_count(count, in_shared_memory)
 
 
 # --- Wire-level fast path -------------------------------------------------------------------

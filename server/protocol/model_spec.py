@@ -7,6 +7,7 @@ plain records when the model loads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from server.generated import model_config_pb2 as mc
@@ -24,6 +25,8 @@ class TensorSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None
     optional: bool = False
+    #: an output's labels, line by line of its ``label_filename`` (classification extension)
+    labels: tuple[bytes, ...] = ()
 
     def client_shape(self, batching: bool) -> list[int]:
         """The shape clients see in metadata: ``[-1] + dims`` when the model batches."""
@@ -46,17 +49,23 @@ class ModelSpec:
         return self.max_batch_size > 0
 
     @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> ModelSpec:
+    def from_config(
+        cls, config: mc.ModelConfig, labels: Mapping[str, tuple[bytes, ...]] | None = None
+    ) -> ModelSpec:
+        """``labels``: the outputs' label files as read at load time (output name -> lines)."""
+        labels = labels or {}
         return cls(
             name=config.name,
             max_batch_size=config.max_batch_size,
             inputs={t.name: _tensor(t, t.optional) for t in config.input},
-            outputs={t.name: _tensor(t, False) for t in config.output},
+            outputs={t.name: _tensor(t, False, labels.get(t.name, ())) for t in config.output},
             decoupled=config.model_transaction_policy.decoupled,
         )
 
 
-def _tensor(tensor: mc.ModelInput | mc.ModelOutput, optional: bool) -> TensorSpec:
+def _tensor(
+    tensor: mc.ModelInput | mc.ModelOutput, optional: bool, labels: tuple[bytes, ...] = ()
+) -> TensorSpec:
     reshape = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
     return TensorSpec(
         name=tensor.name,
@@ -64,4 +73,5 @@ def _tensor(tensor: mc.ModelInput | mc.ModelOutput, optional: bool) -> TensorSpe
         dims=tuple(tensor.dims),
         reshape=reshape,
         optional=optional,
+        labels=labels,
     )

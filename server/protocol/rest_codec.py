@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from server.errors import InvalidArgument, Unsupported
-from server.protocol import datatypes, json_codec
+from server.errors import InvalidArgument
+from server.protocol import classification, datatypes, json_codec
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.json_codec import MAX_JSON_DEPTH
@@ -229,11 +229,11 @@ def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput]:
             raise InvalidArgument(
                 f"Unable to parse 'binary_data' of output '{name}': expected a boolean"
             )
-        if "classification" in params:
-            raise Unsupported("the classification extension is not supported")
         region = shared_memory_ref(params, f"output '{name}'")
         if region is not None and params.get("binary_data"):
             raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
+        if classification.PARAMETER in params:
+            classification.parse_count(params[classification.PARAMETER], region is not None)
         outputs.append(RequestedOutput(name, params, region))
     return outputs
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.errors import InvalidArgument
+from server.protocol import classification
 from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.types import InferRequest, InputTensor
@@ -146,5 +147,6 @@ def _output_names(request: InferRequest, spec: ModelSpec) -> list[str]:
             )
         if output.name in names:
             raise InvalidArgument(f"output '{output.name}' already exists in request")
+        classification.check_datatype(output, spec.outputs[output.name])
         names.append(output.name)
     return names

@@ -21,6 +21,7 @@ from server.protocol.model_spec import ModelSpec
 from server.repository import config as model_config
 from server.repository import ensemble_config
 from server.repository.autocomplete import autocomplete, is_complete
+from server.repository.labels import read_labels
 from server.repository.limits import check_limits
 from server.repository.paths import confined_file
 from server.repository.versions import available_versions, select_versions
@@ -131,21 +132,6 @@ def model_file(model_dir: Path, version: int, filename: str, model: str) -> Path
     )
 
 
-def _check_label_files(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Label files, relative to the model folder as in Triton, must be there (Triton fails
-    the load without them) and inside it."""
-    for output in config.output:
-        name = output.label_filename
-        if name and confined_file(
-            model_dir, name, f"label file of output '{output.name}'", config.name, name,
-            "the model's folder",
-        ) is None:
-            raise ModelLoadError(
-                f"unable to load model '{config.name}': label file '{name[:200]}' of output "
-                f"'{output.name}' not found"
-            )
-
-
 def load_model(
     model_dir: Path,
     backends: Mapping[str, Backend],
@@ -161,6 +147,7 @@ def load_model(
         config, backend, versions = _prepare_config(
             model_dir, backends, settings, config_override, gpu_count
         )
+        labels = read_labels(config, model_dir)  # a missing label file fails the load, as in Triton
     except InferenceServerError as exc:
         model.reason = exc.message
         log.error("failed to load model '%s': %s", model.name, exc.message)
@@ -168,9 +155,9 @@ def load_model(
     model.config = config
     for version in versions:
         if backend is None:  # an ensemble: linked to its composing models by the manager
-            model.versions[version] = _ensemble_version(config, version)
+            model.versions[version] = _ensemble_version(config, version, labels)
         else:
-            model.versions[version] = _load_version(model_dir, version, config, backend)
+            model.versions[version] = _load_version(model_dir, version, config, backend, labels)
     if not versions:
         model.reason = f"no version folder to load for model '{model.name}'"
         log.error("failed to load model '%s': %s", model.name, model.reason)
@@ -218,7 +205,6 @@ def _prepare_config(
             f"model '{config.name}': model_transaction_policy {{ decoupled: true }} is not "
             f"supported by the {backend.name} backend yet"
         )
-    _check_label_files(config, model_dir)
     return config, backend, versions
 
 
@@ -233,14 +219,16 @@ def _prepare_ensemble(
     return config, None, select_versions(config.version_policy, available)
 
 
-def _ensemble_version(config: mc.ModelConfig, version: int) -> ModelVersion:
+def _ensemble_version(
+    config: mc.ModelConfig, version: int, labels: Mapping[str, tuple[bytes, ...]]
+) -> ModelVersion:
     """An ensemble version, LOADING until the manager links it to its composing models."""
     return ModelVersion(
         config.name,
         version,
         State.LOADING,
         config=config,
-        spec=ModelSpec.from_config(config),
+        spec=ModelSpec.from_config(config, labels),
         gate=RequestGate(f"model '{config.name}' version {version} is being unloaded"),
     )
 
@@ -271,8 +259,13 @@ def _complete(
 
 
 def _load_version(
-    model_dir: Path, version: int, config: mc.ModelConfig, backend: Backend
+    model_dir: Path,
+    version: int,
+    config: mc.ModelConfig,
+    backend: Backend,
+    labels: Mapping[str, tuple[bytes, ...]],
 ) -> ModelVersion:
+    """``labels``: the outputs' label files, read once for all versions."""
     result = ModelVersion(
         config.name,
         version,
@@ -310,7 +303,7 @@ def _load_version(
         result.reason = to_server_error(exc).message
         log.error("failed to load '%s' version %d: %s", config.name, version, result.reason)
         return result
-    result.spec = ModelSpec.from_config(config)
+    result.spec = ModelSpec.from_config(config, labels)
     name = f"{config.name}-{version}"
     layout = BatchLayout.from_config(config)
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:

@@ -963,12 +963,8 @@ MISTAKES: dict[str, Mistake] = {
     "duplicate output": Mistake(
         "simple", _SIMPLE_INPUTS, 400, _INVALID, outputs=[("OUTPUT0", {}), ("OUTPUT0", {})]
     ),
-    "classification": Mistake(
-        "simple",
-        _SIMPLE_INPUTS,
-        501,
-        grpc.StatusCode.UNIMPLEMENTED,
-        outputs=[("OUTPUT0", {"classification": 2})],
+    "negative class count": Mistake(
+        "simple", _SIMPLE_INPUTS, 400, _INVALID, outputs=[("OUTPUT0", {"classification": -1})]
     ),
     "model fault": Mistake(
         "rows_of_three",

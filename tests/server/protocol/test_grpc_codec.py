@@ -471,6 +471,53 @@ def test_timeout_other_than_non_negative_int64_refused(kind: str, value: Any) ->
         decode_request(msg)
 
 
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_an_output_class_count_is_kept(count: int) -> None:
+    msg = _fp32_raw_request()
+    msg.outputs.add(name="OUT").parameters["classification"].int64_param = count
+    request = decode_request(msg)
+    assert request.outputs is not None
+    assert request.outputs[0].parameters == {"classification": count}
+
+
+_NEGATIVE = (  # the HTTP text: both transports say the same
+    "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+    "unsigned-integer"
+)
+_WRONG_KIND = "invalid value type for 'classification' parameter, expected int64_param"
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "message"),
+    [
+        ("int64_param", -1, _NEGATIVE),
+        ("string_param", "3", _WRONG_KIND),
+        ("uint64_param", 3, _WRONG_KIND),
+        ("bool_param", True, _WRONG_KIND),
+        ("double_param", 3.0, _WRONG_KIND),
+    ],
+)
+def test_a_wrong_class_count_is_refused(kind: str, value: Any, message: str) -> None:
+    msg = _fp32_raw_request()
+    _set_param(msg.outputs.add(name="OUT").parameters, "classification", kind, value)
+    with pytest.raises(InvalidArgument) as err:
+        decode_request(msg)
+    assert err.value.message == message
+    assert err.value.grpc_status_name == "INVALID_ARGUMENT"
+
+
+def test_a_class_count_on_an_output_in_shared_memory_is_refused() -> None:
+    msg = _fp32_raw_request()
+    params = msg.outputs.add(name="OUT").parameters
+    params["shared_memory_region"].string_param = "o"
+    params["shared_memory_byte_size"].int64_param = 64
+    params["classification"].int64_param = 2
+    with pytest.raises(
+        InvalidArgument, match="^Output can't set both 'shared_memory_region' and 'classification'$"
+    ):
+        decode_request(msg)
+
+
 def test_shared_memory_inputs_take_no_raw_entry_and_outputs_carry_their_region() -> None:
     """An input in shared memory has no raw_input_contents entry (the others keep theirs, in
     order); the data plane reads it from the region later."""

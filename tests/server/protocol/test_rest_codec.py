@@ -9,7 +9,7 @@ import orjson
 import pytest
 from google.protobuf import text_format
 
-from server.errors import InvalidArgument, Unsupported
+from server.errors import InvalidArgument
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes
 from server.protocol.model_spec import ModelSpec
@@ -432,15 +432,34 @@ def test_output_binary_data_must_be_a_boolean(value: Any) -> None:
     assert _invalid(header) == "Unable to parse 'binary_data' of output 'O': expected a boolean"
 
 
-def test_classification_is_unsupported() -> None:
+@pytest.mark.parametrize("count", [0, 3, 2**40])
+def test_output_classification_count_is_kept(count: int) -> None:
     header = {
         "inputs": [_json_input()],
-        "outputs": [{"name": "O", "parameters": {"classification": 3}}],
+        "outputs": [{"name": "O", "parameters": {"classification": count}}],
     }
-    with pytest.raises(Unsupported) as err:
-        _decode(header)
-    assert err.value.http_status == 501
-    assert "classification" in str(err.value)
+    (output,) = _decode(header).outputs or []
+    assert output.parameters == {"classification": count}
+
+
+@pytest.mark.parametrize("value", [-1, "3", 2.0, True, None, [3]])
+def test_output_classification_must_be_an_unsigned_integer(value: Any) -> None:
+    header = {
+        "inputs": [_json_input()],
+        "outputs": [{"name": "O", "parameters": {"classification": value}}],
+    }
+    assert _invalid(header) == (
+        "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+        "unsigned-integer"
+    )
+
+
+def test_output_classification_refused_in_shared_memory() -> None:
+    params = {"classification": 2, "shared_memory_region": "r", "shared_memory_byte_size": 64}
+    header = {"inputs": [_json_input()], "outputs": [{"name": "O", "parameters": params}]}
+    assert _invalid(header) == (
+        "Output can't set both 'shared_memory_region' and 'classification'"
+    )
 
 
 # ---- decode_raw_request ------------------------------------------------------------------

@@ -444,6 +444,21 @@ def test_label_files_must_be_inside_the_model_folder(
     assert load("m").ready
 
 
+def test_a_loaded_version_holds_its_outputs_labels(
+    tmp_path: Path, load: Callable[..., Model]
+) -> None:
+    _identity(tmp_path, "m")
+    config = IDENTITY_CONFIG.replace(
+        'output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}',
+        'output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "l.txt" }}',
+    )
+    (tmp_path / "m" / "l.txt").write_text("cat\ndog\n")
+    _write_config(tmp_path, "m", config.format(name="m", input="INPUT0", extra=""))
+    spec = load("m").versions[1].spec
+    assert spec is not None
+    assert spec.outputs["OUTPUT0"].labels == (b"cat", b"dog")
+
+
 def test_external_data_outside_the_version_folder_is_refused(
     tmp_path: Path, load: Callable[..., Model]
 ) -> None:
