@@ -96,6 +96,17 @@ def _cuda_pool(text: str) -> tuple[int, int]:
     return parsed
 
 
+def _cache_config(text: str) -> tuple[str, str, str]:
+    """``--cache-config <cache>,<key>=<value>``; only the local cache exists here."""
+    cache, sep, setting = text.partition(",")
+    key, eq, value = setting.partition("=")
+    if not sep or not eq or not cache or not key:
+        raise argparse.ArgumentTypeError(
+            f"invalid --cache-config {text!r}: expected <cache>,<key>=<value>"
+        )
+    return cache, key, value
+
+
 _METRICS_CONFIG_KEYS = ("histogram_latencies", "summary_latencies", "counter_latencies")
 
 
@@ -287,6 +298,12 @@ def build_parser() -> _Parser:
          metavar="GPU:BYTES",
          help="Device memory pool limit of one GPU; repeatable "
               f"(default: {DEFAULT_CUDA_POOL_BYTES} per GPU)")
+    flag("--cache-config", type=_cache_config, action="append", default=[],
+         metavar="local,size=BYTES",
+         help="The response cache, shared by the models whose config enables "
+              "response_cache: local,size=BYTES (default: no cache)")
+    flag("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+         help="Deprecated form of --cache-config local,size=BYTES")
     flag("--frontends", type=_frontends, default=None, metavar="N",
          help="Front-end processes (HTTP and gRPC) feeding one executor process that owns the "
               "models; 0 serves everything in one process (default: one per usable core, at "
@@ -467,6 +484,30 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     ):
         _refuse(parser, "--model-config-name must be a file name, without spaces or slashes.")
     _secure_options(parser, args)
+    args.response_cache_byte_size = _cache_size(parser, args)
+
+
+def _cache_size(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
+    """The local cache's size in bytes, or None: no cache (a size of 0 too). A
+    ``--cache-config`` size wins over the deprecated flag, the last one over earlier ones."""
+    size: int | None = args.response_cache_byte_size
+    for cache, key, value in args.cache_config:
+        if cache != "local":
+            _refuse(
+                parser,
+                f"--cache-config={cache},{key}={value} is not supported by tensorgate: only the "
+                "local cache (local,size=BYTES) is implemented",
+            )
+        if key != "size":
+            _refuse(parser, f"--cache-config local,{key}={value}: the local cache has only "
+                    "the setting size=BYTES")
+        try:
+            size = int(value)
+        except ValueError:
+            _refuse(parser, f"--cache-config local,size={value}: the size must be bytes.")
+    if size is not None and size < 0:
+        _refuse(parser, "the response cache size must not be negative.")
+    return size or None
 
 
 def _triton_options(
@@ -556,6 +597,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
         frontends=args.frontends,
+        response_cache_byte_size=args.response_cache_byte_size,
         http_restricted_apis=args.http_restricted_api,
         grpc_restricted_protocols=args.grpc_restricted_protocol,
         grpc_use_ssl=args.grpc_use_ssl,

@@ -80,6 +80,7 @@ class Settings:
     allow_client_shm: bool = False  # Triton's current default
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
+    response_cache_byte_size: int | None = None  # the local response cache; None: none
     frontends: int | None = None  # front-end processes; 0: one process; None: by the cores
     # Restricted APIs (``server.restricted``): category -> (header, value); gRPC's headers
     # carry the "triton-grpc-protocol-" prefix. gRPC TLS: PEM files (``server.tls``).

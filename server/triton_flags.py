@@ -57,7 +57,6 @@ def _refused(value: str, why: str, *harmless: str) -> Compat:
 _SAGEMAKER_OFF = "only the SageMaker endpoint uses it, and that endpoint is not served"
 _VERTEX_OFF = "only the Vertex AI endpoint uses it, and that endpoint is not served"
 _NO_TRACING = "request tracing is not implemented"
-_NO_CACHE = "the response cache is not implemented"
 _NO_RATE_LIMIT = "the rate limiter is not implemented"
 
 #: Every option of ``tritonserver --help`` (2.51), plus ``--version``.
@@ -169,9 +168,9 @@ TRITON_FLAGS: dict[str, Compat] = {
     ),
     "--backend-config": _IMPLEMENTED,
     "--repoagent-directory": _ignored("str", "no repository agent libraries are loaded"),
-    "--cache-config": _refused("str", _NO_CACHE),
+    "--cache-config": _IMPLEMENTED,
     "--cache-directory": _ignored("str", "no cache libraries are loaded"),
-    "--response-cache-byte-size": _refused("int", _NO_CACHE, "0"),  # deprecated
+    "--response-cache-byte-size": _IMPLEMENTED,  # deprecated: --cache-config local,size=N
     # Rate limiter
     "--rate-limit": _refused("str", _NO_RATE_LIMIT, "off"),
     "--rate-limit-resource": _refused("str", _NO_RATE_LIMIT),

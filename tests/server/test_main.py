@@ -136,7 +136,7 @@ def test_flags_from_the_environment_start_a_server(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize(
     "flag",
-    ["--rate-limit=execution_count", "--host-policy=numa,cpu-cores=0", "--cache-config=local,size=1"],
+    ["--rate-limit=execution_count", "--host-policy=numa,cpu-cores=0", "--model-namespacing=true"],
 )
 def test_a_refused_flag_stops_the_start_naming_it(flag: str) -> None:
     result = subprocess.run(
