@@ -115,7 +115,6 @@ def _unimplemented(config: ModelConfig) -> list[str]:
         field
         for field, asked in (
             ("sequence_batching", config.HasField("sequence_batching")),
-            ("response_cache { enable: true }", config.response_cache.enable),
             ("model_repository_agents", bool(config.model_repository_agents.agents)),
             ("model_operations", bool(config.model_operations.op_library_filename)),
             ("cc_model_filenames", bool(config.cc_model_filenames)),

@@ -153,6 +153,7 @@ def load_model(
         log.error("failed to load model '%s': %s", model.name, exc.message)
         return model
     model.config = config
+    _check_response_cache(config, settings)
     for version in versions:
         if backend is None:  # an ensemble: linked to its composing models by the manager
             model.versions[version] = _ensemble_version(config, version, labels)
@@ -162,6 +163,23 @@ def load_model(
         model.reason = f"no version folder to load for model '{model.name}'"
         log.error("failed to load model '%s': %s", model.name, model.reason)
     return model
+
+
+def _check_response_cache(config: mc.ModelConfig, settings: Settings) -> None:
+    """A model asking for the response cache loads either way (as in Triton), but is told
+    when its answers will not be cached."""
+    if not config.response_cache.enable:
+        return
+    if settings.response_cache_byte_size is None:
+        log.warning(
+            "model '%s' enables the response cache, but no cache is configured "
+            "(--cache-config local,size=BYTES): its responses are not cached", config.name
+        )
+    elif config.model_transaction_policy.decoupled:
+        log.warning(
+            "model '%s' enables the response cache, but it is decoupled: its responses "
+            "are not cached", config.name
+        )
 
 
 def _prepare_config(
