@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from server import __version__, decoupled
+from server import __version__, decoupled, response_cache
 from server.cuda.devices import DEVICE_KINDS
 from server.errors import (
     InferenceServerError,
@@ -30,7 +30,7 @@ from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
 from server.memory.host_pool import HostBufferPool
 from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
-from server.observability.metrics import ModelEntry
+from server.observability.metrics import CacheSample, ModelEntry
 from server.observability.statistics import statistics_response
 from server.protocol import classification, datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
@@ -96,6 +96,8 @@ class DataPlane:
         self._live = False
         self.gate = RequestGate()
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
+        size = settings.response_cache_byte_size
+        self.response_cache = response_cache.ResponseCache(size) if size else None
         # Ensembles send their steps back through this data plane (tests may pass no repository).
         ensembles = getattr(repository, "ensembles", None)
         if ensembles is not None:
@@ -238,6 +240,16 @@ class DataPlane:
                 )
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
+            counts = classification.class_counts(request)
+            digest = await self._cache_key(served, request, prepared.output_names, counts)
+            if digest is not None:
+                cached = self._lookup(digest)
+                looked_up = time.perf_counter_ns()
+                if cached is not None:
+                    return self._answer_from_cache(
+                        request, served, spec, cached, start, prepared_at, looked_up,
+                        compute_sink,
+                    )
             job = Job(
                 prepared.inputs,
                 prepared.output_names,
@@ -253,7 +265,6 @@ class DataPlane:
                 results = await self._execute(served, spec, request, job)
             executed_at = time.perf_counter_ns()
             outputs = []
-            counts = classification.class_counts(request)
             for name in prepared.output_names:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
@@ -279,9 +290,15 @@ class DataPlane:
             served.stats.record_failure(time.perf_counter_ns() - start, _failure_reason(exc))
             self._log_failure(request, served, exc, start)
             raise
+        finished = time.perf_counter_ns()
+        if digest is not None:  # a miss: its insert counts in the request's duration
+            self._insert(digest, outputs)
+            served.stats.record_cache_miss(
+                looked_up - prepared_at + time.perf_counter_ns() - finished
+            )
         done = time.perf_counter_ns()
         compute = job.times.breakdown or (
-            prepared_at - start, job.times.compute_ns, done - executed_at
+            prepared_at - start, job.times.compute_ns, finished - executed_at
         )
         if compute_sink is not None:
             compute_sink.append(compute)
@@ -294,6 +311,66 @@ class DataPlane:
             model_name=spec.name,
             model_version=str(served.version),
             outputs=outputs,
+            id=request.id,
+        )
+
+    async def _cache_key(
+        self,
+        served: ModelVersion,
+        request: InferRequest,
+        output_names: Sequence[str],
+        counts: Mapping[str, int],
+    ) -> bytes | None:
+        """The response cache key of a request it may answer, else None: the cache is off or
+        the model does not enable it, an output goes to shared memory (the answer is written
+        into client memory, not returned), or an input is on a GPU."""
+        config = served.config
+        if self.response_cache is None or config is None or not config.response_cache.enable:
+            return None
+        if any(o.shared_memory for o in request.outputs or ()):
+            return None
+        if not all(type(t.data) is np.ndarray for t in request.inputs):
+            return None
+        return await off_loop_if_large(
+            sum(t.data.nbytes for t in request.inputs),
+            response_cache.key,
+            served.name,
+            served.version,
+            request.inputs,
+            {name: counts.get(name, 0) for name in output_names},
+            request.parameters,
+        )
+
+    def _lookup(self, digest: bytes) -> tuple[OutputTensor, ...] | None:
+        return None if self.response_cache is None else self.response_cache.lookup(digest)
+
+    def _insert(self, digest: bytes, outputs: Sequence[OutputTensor]) -> None:
+        """Keep a copy of a successful answer (one with an output off the host is not kept)."""
+        if self.response_cache is not None and all(type(o.data) is np.ndarray for o in outputs):
+            self.response_cache.insert(digest, outputs)
+
+    def _answer_from_cache(
+        self,
+        request: InferRequest,
+        served: ModelVersion,
+        spec: ModelSpec,
+        outputs: Sequence[OutputTensor],
+        start: int,
+        prepared_at: int,
+        looked_up: int,
+        compute_sink: list[tuple[int, int, int]] | None,
+    ) -> InferResponse:
+        """A hit: a success without an execution (Triton's counting, see ``ModelStats``)."""
+        if compute_sink is not None:
+            compute_sink.append((0, 0, 0))
+        served.stats.record_cache_hit(
+            time.perf_counter_ns() - start, 0, looked_up - prepared_at
+        )
+        self._log_request(request, served, "OK", start)
+        return InferResponse(
+            model_name=spec.name,
+            model_version=str(served.version),
+            outputs=list(outputs),
             id=request.id,
         )
 
@@ -401,6 +478,11 @@ class DataPlane:
                         ModelEntry(name, str(number), served.stats, served.scheduler.pending)
                     )
         return entries
+
+    def cache_sample(self) -> CacheSample | None:
+        """The response cache's fill for ``/metrics`` (None: no cache configured)."""
+        cache = self.response_cache
+        return None if cache is None else CacheSample(len(cache), cache.utilization())
 
     # --- shared memory extensions ------------------------------------------------------------
 

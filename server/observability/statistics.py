@@ -113,7 +113,7 @@ class ModelStats:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
-        # No response cache: these stay zero, but perf_analyzer reads them.
+        # The response cache's lookups (always present: perf_analyzer reads them).
         self.cache_hit = Duration()
         self.cache_miss = Duration()
         self.inference_count = 0
@@ -153,6 +153,23 @@ class ModelStats:
         self.queue_histogram.add(queue_ns)
         self.compute_infer_histogram.add(compute_infer_ns)
         self._touch()
+
+    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """Count one request answered from the response cache. As in Triton it is a success
+        and is queued (up to the lookup), but runs no execution, so ``inference_count`` and
+        the compute durations leave it out; ``lookup_ns`` covers the lookup and copy-out."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+        self.request_histogram.add(request_ns)
+        self.queue_histogram.add(queue_ns)
+        self._touch()
+
+    def record_cache_miss(self, lookup_ns: int) -> None:
+        """Count one lookup that found nothing; ``lookup_ns`` covers the lookup and the
+        insert of the answer afterwards. The request itself is counted by
+        ``record_success``."""
+        self.cache_miss.add(lookup_ns)
 
     def record_failure(self, request_ns: int, reason: str = "OTHER") -> None:
         """Count one request that failed after ``request_ns`` for ``reason`` (one of
