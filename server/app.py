@@ -179,7 +179,8 @@ def start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool
 
     def page() -> str:
         return render(
-            dataplane.metric_entries(), pool.stats(), sampler.latest, histograms, counters
+            dataplane.metric_entries(), pool.stats(), sampler.latest, histograms, counters,
+            cache=dataplane.cache_sample(),
         )
 
     http = Http(

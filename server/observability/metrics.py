@@ -60,6 +60,14 @@ class ModelEntry:
     pending: int
 
 
+@dataclass(frozen=True)
+class CacheSample:
+    """The response cache's fill at the scrape."""
+
+    entries: int
+    utilization: float
+
+
 @dataclass
 class SystemSample:
     """The latest CPU and GPU readings (None: not sampled, or switched off)."""
@@ -117,9 +125,11 @@ def render(
     histograms: bool = False,
     latency_counters: bool = True,
     custom: CustomMetrics | None = None,
+    cache: CacheSample | None = None,
 ) -> str:
     """The whole ``/metrics`` page; ``latency_counters`` off leaves out the cumulative
     ``*_duration_us`` counters (Triton's ``--metrics-config counter_latencies=false``).
+    With a response cache (``cache``) its families follow the model families.
     The families models defined (``custom``, by default the process's) come last."""
     entries = list(models)
     page = _Page()
@@ -184,9 +194,34 @@ def render(
             page.histogram(
                 name, f"{text} in microseconds", [(_model_labels(e), pick(e.stats)) for e in entries]
             )
+    if cache is not None:
+        _cache(page, entries, cache)
     _system(page, pinned, system)
     _custom(page, custom_metrics.REGISTRY if custom is None else custom)
     return page.text()
+
+
+def _cache(page: _Page, entries: Sequence[ModelEntry], cache: CacheSample) -> None:
+    """Triton's response cache families: per model version hits and misses with their
+    durations (µs), and the local cache's fill."""
+    per_model: list[tuple[str, str, _Value]] = [
+        ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+         lambda s: s.cache_hit.count),
+        ("nv_cache_hit_duration_per_model",
+         "Total cache hit duration per model, in microseconds",
+         lambda s: s.cache_hit.ns // 1_000),
+        ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+         lambda s: s.cache_miss.count),
+        ("nv_cache_miss_duration_per_model",
+         "Total cache miss (insert + lookup) duration per model, in microseconds",
+         lambda s: s.cache_miss.ns // 1_000),
+    ]
+    for name, text, value in per_model:
+        page.family(name, "counter", text, [(_model_labels(e), value(e.stats)) for e in entries])
+    page.family("nv_cache_num_entries", "gauge",
+                "Number of responses stored in response cache", [((), cache.entries)])
+    page.family("nv_cache_util", "gauge",
+                "Cache utilization [0.0 - 1.0]", [((), cache.utilization)])
 
 
 def _custom(page: _Page, registry: CustomMetrics) -> None:
