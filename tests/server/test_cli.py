@@ -286,3 +286,46 @@ def test_every_flag_the_readme_names_is_known() -> None:
     named.discard("--flag")  # "--flag value" and "--flag=value", the value forms
     known = {o for a in build_parser()._actions for o in a.option_strings}
     assert named and named <= known, named - known
+
+
+@pytest.mark.parametrize(
+    "words, size",
+    [
+        ([], None),
+        (["--cache-config", "local,size=1048576"], 1048576),
+        (["--cache-config=local,size=4096"], 4096),
+        (["--response-cache-byte-size=512"], 512),  # Triton's deprecated form
+        (["--response-cache-byte-size", "512", "--cache-config=local,size=64"], 64),
+        (["--cache-config=local,size=1", "--cache-config=local,size=2"], 2),
+        (["--cache-config=local,size=0"], None),  # a cache of nothing is no cache
+    ],
+)
+def test_the_response_cache_size_in_every_form(words: list[str], size: int | None) -> None:
+    assert parse_settings(["--model-repository=/m", *words]).response_cache_byte_size == size
+
+
+@pytest.mark.parametrize(
+    "flag, text",
+    [
+        ("--cache-config=redis,host=localhost", "only the local cache"),
+        ("--cache-config=local,capacity=5", "has only the setting size=BYTES"),
+        ("--cache-config=local,size=big", "the size must be bytes"),
+        ("--cache-config=local,size=-1", "must not be negative"),
+        ("--response-cache-byte-size=-1", "must not be negative"),
+    ],
+)
+def test_a_cache_setting_tensorgate_cannot_honour_stops_the_start(
+    flag: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", flag])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and text in err, err
+
+
+def test_a_malformed_cache_config_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", "--cache-config=local"])
+    assert exc.value.code == 2
+    assert "expected <cache>,<key>=<value>" in capsys.readouterr().err
