@@ -12,7 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server.memory.host_pool import PoolStats
 from server.observability.gpu_metrics import GpuSample
-from server.observability.metrics import ModelEntry, SystemSample, SystemSampler, render
+from server.observability.metrics import (
+    CacheSample,
+    ModelEntry,
+    SystemSample,
+    SystemSampler,
+    render,
+)
 from server.observability.statistics import ModelStats
 
 GPU = GpuSample(
@@ -168,3 +174,24 @@ def test_a_sampler_that_keeps_failing_is_reported_once_per_interval(
     (record,) = caplog.records
     assert record.getMessage().startswith("sampling CPU/GPU metrics failed: [Errno 24]")
     assert record.exc_info is not None
+
+
+def test_cache_families_only_with_a_cache() -> None:
+    assert "nv_cache_" not in _page()
+    stats = _stats()
+    stats.record_cache_hit(50_000, 1_000, 7_000)
+    stats.record_cache_miss(3_000)
+    stats.record_cache_miss(4_500)
+    text = render([ModelEntry("m", "1", stats, 0)], POOL, SYSTEM, cache=CacheSample(4, 0.125))
+    samples = _samples(text)
+    m = (("model", "m"), ("version", "1"))
+    assert samples[("nv_cache_num_hits_per_model_total", m)] == 1
+    assert samples[("nv_cache_hit_duration_per_model_total", m)] == 7
+    assert samples[("nv_cache_num_misses_per_model_total", m)] == 2
+    assert samples[("nv_cache_miss_duration_per_model_total", m)] == 7
+    assert samples[("nv_cache_num_entries", ())] == 4
+    assert samples[("nv_cache_util", ())] == 0.125
+    # the hit is a success, not an inference or an execution
+    assert samples[("nv_inference_request_success_total", m)] == 3
+    assert samples[("nv_inference_count_total", m)] == 3
+    assert samples[("nv_inference_exec_count_total", m)] == 1

@@ -245,3 +245,25 @@ def test_response_survives_the_wire() -> None:
     back = pb.ModelStatisticsResponse.FromString(response.SerializeToString())
     assert back == response
     assert back.model_stats[0].inference_stats.success.count == 1
+
+
+def test_a_cache_hit_is_a_queued_success_without_compute() -> None:
+    """Triton 2.51 (triton-features §2.2): hits count in success and queue, not in
+    inference_count, execution_count or compute_*; misses only in cache_miss here."""
+    clock = FakeClock(9_000_000_000)
+    stats = ModelStats(clock=clock)
+    stats.record_success(1000, 100, 10, 20, 30, batch_size=2)
+    stats.record_cache_miss(40)
+    stats.record_cache_hit(500, 5, 60)
+    stats.record_cache_hit(700, 7, 80)
+    entry = _json(stats)
+    infer = entry["inference_stats"]
+    assert infer["success"] == {"count": 3, "ns": 2200}
+    assert infer["queue"] == {"count": 3, "ns": 112}
+    for name in ("compute_input", "compute_infer", "compute_output"):
+        assert infer[name]["count"] == 1, name
+    assert infer["cache_hit"] == {"count": 2, "ns": 140}
+    assert infer["cache_miss"] == {"count": 1, "ns": 40}
+    assert entry["inference_count"] == 2
+    assert entry["execution_count"] == 0
+    assert entry["last_inference"] == 9000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -587,3 +588,30 @@ def test_model_config_name_chooses_the_config_loaded(
     assert chosen.ready and chosen.config is not None and chosen.config.max_batch_size == 2
     fallback = load("ident", Settings(model_config_name="large"))
     assert fallback.ready and fallback.config is not None and fallback.config.max_batch_size == 8
+
+
+@pytest.mark.parametrize(
+    "settings, warned",
+    [
+        (Settings(), "but no cache is configured (--cache-config local,size=BYTES)"),
+        (Settings(response_cache_byte_size=1 << 20), None),
+    ],
+)
+def test_a_model_enabling_the_response_cache_loads_and_is_told_when_it_is_off(
+    tmp_path: Path,
+    load: Callable[..., Model],
+    caplog: pytest.LogCaptureFixture,
+    settings: Settings,
+    warned: str | None,
+) -> None:
+    _identity(tmp_path, "m")
+    extra = "response_cache { enable: true }"
+    _write_config(tmp_path, "m", IDENTITY_CONFIG.format(name="m", input="INPUT0", extra=extra))
+    with caplog.at_level(logging.WARNING):
+        model = load("m", settings)
+    assert model.ready, model.reason
+    cache_lines = [r.getMessage() for r in caplog.records if "response cache" in r.getMessage()]
+    if warned is None:
+        assert cache_lines == []
+    else:
+        assert len(cache_lines) == 1 and warned in cache_lines[0], cache_lines
