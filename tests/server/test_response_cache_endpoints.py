@@ -26,6 +26,23 @@ NO_CACHE_WARNING = (
 )
 
 
+_INT16 = "data_type: TYPE_INT32 dims: [ 16 ]"
+# One step through ``plain`` (which does not cache): the ensemble caches as a whole.
+ENSEMBLE = f"""name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "INPUT0" {_INT16} }}, {{ name: "INPUT1" {_INT16} }} ]
+output [ {{ name: "OUTPUT0" {_INT16} }}, {{ name: "OUTPUT1" {_INT16} }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "plain" model_version: -1
+    input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
+    output_map {{ key: "OUTPUT0" value: "OUTPUT0" }}
+    output_map {{ key: "OUTPUT1" value: "OUTPUT1" }} }}
+] }}
+response_cache {{ enable: true }}
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``simple`` with the cache enabled, and ``plain``: the same model without it."""
@@ -36,6 +53,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(EXAMPLES / "simple", root / "plain")
     plain = root / "plain" / "config.pbtxt"
     plain.write_text(plain.read_text().replace('name: "simple"', 'name: "plain"'))
+    (root / "ens" / "1").mkdir(parents=True)
+    (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
     return root
 
 
@@ -139,6 +158,15 @@ def test_a_model_without_the_cache_enabled_always_runs(server: ServerProcess) ->
     _infer(server, "plain", 7)
     counts = _counts(_stats(server, "plain"))
     assert counts["execution_count"] == 2 and counts["cache_hit"] == counts["cache_miss"] == 0
+
+
+def test_an_ensemble_is_cached_as_a_whole(server: ServerProcess) -> None:
+    before = _counts(_stats(server, "plain"))
+    _infer(server, "ens", 42)
+    _infer(server, "ens", 42)
+    assert _delta(before, _counts(_stats(server, "plain")))["execution_count"] == 1
+    counts = _counts(_stats(server, "ens"))
+    assert (counts["cache_hit"], counts["cache_miss"], counts["success"]) == (1, 1, 2)
 
 
 def _sample(page: str, name: str, labels: str = "") -> float:
