@@ -336,6 +336,7 @@ class DataPlane:
             response_cache.key,
             served.name,
             served.version,
+            served.load,
             request.inputs,
             {name: counts.get(name, 0) for name in output_names},
             request.parameters,

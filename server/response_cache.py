@@ -34,6 +34,7 @@ ENTRY_OVERHEAD = 256
 def key(
     model: str,
     version: int,
+    load: int,
     inputs: Iterable[InputTensor],
     outputs: Mapping[str, int],
     parameters: Mapping[str, object],
@@ -41,7 +42,8 @@ def key(
     """The digest identifying a request's answer. ``outputs``: output names asked for, each
     with its class count (0: the tensor itself). Inputs are taken in name order, so their
     order in the request does not matter; every field is length-framed, so no two different
-    requests serialise alike."""
+    requests serialise alike. ``load`` tells loads of one version apart: a reload with new
+    weights must not be answered from the old ones' entries."""
     digest = hashlib.blake2b(digest_size=32)
 
     def field(data: bytes | memoryview) -> None:
@@ -50,6 +52,7 @@ def key(
 
     field(model.encode())
     field(str(version).encode())
+    field(str(load).encode())
     ordered = sorted(inputs, key=lambda t: t.name)
     field(str(len(ordered)).encode())
     for tensor in ordered:

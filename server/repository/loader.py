@@ -6,6 +6,7 @@ Runs on a worker thread (session creation is slow and must not block the event l
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -47,6 +48,9 @@ class State(enum.Enum):
     UNLOADING = "UNLOADING"
 
 
+_LOADS = itertools.count(1)  # next() is atomic under the GIL; versions load on threads
+
+
 @dataclass
 class ModelVersion:
     """One version of a model: its state and, when READY, the scheduler that runs it."""
@@ -61,6 +65,9 @@ class ModelVersion:
     #: admits requests to this version; closed when it is unloaded or replaced
     gate: RequestGate = field(default_factory=RequestGate)
     stats: ModelStats = field(default_factory=ModelStats)
+    #: which load made it (unique per process): keys the response cache, so a reload of the
+    #: same version with new weights never answers from what the old one cached
+    load: int = field(default_factory=lambda: next(_LOADS))
 
 
 @dataclass

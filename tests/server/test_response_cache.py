@@ -27,9 +27,10 @@ def _key(
     version: int = 1,
     outputs: dict[str, int] | None = None,
     parameters: dict[str, object] | None = None,
+    load: int = 1,
 ) -> bytes:
     return key(
-        model, version, _inputs() if inputs is None else inputs,
+        model, version, load, _inputs() if inputs is None else inputs,
         {"OUT": 0} if outputs is None else outputs, parameters or {},
     )
 
@@ -45,6 +46,7 @@ def test_every_part_of_a_request_that_can_change_its_answer_changes_the_key() ->
     variants = {
         "model": _key(model="n"),
         "version": _key(version=2),
+        "another load of the version": _key(load=2),
         "bytes": _key(_inputs(a=np.array([0, 1, 2, 4], dtype=np.int32))),
         "shape": _key(_inputs(a=a.reshape(2, 2))),
         "datatype": _key([InputTensor("A", UINT32, a.shape, a.view(np.uint32)), _inputs()[1]]),

@@ -213,3 +213,26 @@ def test_without_a_configured_cache_the_model_loads_with_a_warning_and_runs(repo
         assert "nv_cache_" not in process.metrics()
     finally:
         assert process.stop() == 0
+
+
+def test_a_reloaded_model_is_not_answered_from_what_its_previous_load_cached(
+    repo: Path,
+) -> None:
+    process = start_server(
+        repo,
+        args=(f"--cache-config=local,size={CACHE_SIZE}", "--model-control-mode=explicit",
+              "--load-model=simple"),
+    )
+    try:
+        _infer(process, "simple", 7)
+        _infer(process, "simple", 7)
+        assert _counts(_stats(process, "simple"))["cache_hit"] == 1
+        status, _, body = process.request("POST", "/v2/repository/models/simple/load", b"")
+        assert status == 200, body
+        _infer(process, "simple", 7)  # the new load runs it: its weights may differ
+        counts = _counts(_stats(process, "simple"))
+        assert (counts["cache_miss"], counts["cache_hit"], counts["execution_count"]) == (1, 0, 1)
+        _infer(process, "simple", 7)
+        assert _counts(_stats(process, "simple"))["cache_hit"] == 1
+    finally:
+        assert process.stop() == 0
