@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from server import __version__, decoupled, response_cache
+from server import __version__, decoupled, logs, response_cache
 from server.cuda.devices import DEVICE_KINDS
 from server.errors import (
     InferenceServerError,
@@ -70,6 +70,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "logging",
 )
 
 
@@ -379,7 +380,7 @@ class DataPlane:
         self, request: InferRequest, served: ModelVersion, status: str, start: int
     ) -> None:
         """``--log-verbose`` ≥ 1: one line per request."""
-        if self._settings.log_verbose >= 1:
+        if logs.verbose_level() >= 1:
             log.info(
                 "infer model=%s version=%d id=%r status=%s duration_us=%d",
                 served.name, served.version, request.id or "", status,
@@ -504,6 +505,11 @@ class DataPlane:
     async def shm_unregister(self, kind: str, name: str) -> None:
         self.shared_memory.unregister(kind, name)
 
+    async def log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """The logging extension: this process's loggers (in the split layout the executor's;
+        ``server.ipc.service`` passes the change on to the front ends)."""
+        return logs.update(changes)
+
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
@@ -576,3 +582,4 @@ def _failure_reason(error: Exception) -> str:
     if isinstance(error, InternalError):
         return "BACKEND"
     return "OTHER"
+

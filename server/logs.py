@@ -7,6 +7,10 @@ time with microseconds, process id, source), ``ISO8601`` is
 ``2026-11-30T06:17:13Z I 4242 name] message``. Verbose level 1 adds one line per inference
 request (``server.dataplane``) and Tornado's access log; level 0 keeps INFO and above.
 
+The logging extension changes these settings while the server runs (``update``): the
+severities, the verbosity and the format, never the file. In the split layout each process
+applies the same changes to its own loggers.
+
 An error that can repeat many times a second, as accepting connections does while the process
 is out of file descriptors, goes through ``RepeatingError``: one report per interval.
 """
@@ -16,7 +20,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from server.settings import Settings
 
@@ -67,23 +72,70 @@ class SeverityFilter(logging.Filter):
         return record.levelno not in self._off
 
 
+#: This process's log settings, by the logging extension's names (``server.log_settings``).
+_current: dict[str, Any] = {
+    "log_file": "",
+    "log_info": True,
+    "log_warning": True,
+    "log_error": True,
+    "log_verbose_level": 0,
+    "log_format": "default",
+}
+#: The handler ``configure`` installed: the one ``update`` changes (not a test's own).
+_handler: logging.Handler | None = None
+
+
 def configure(settings: Settings) -> None:
     """Route the root logger to standard error or ``--log-file``, at the verbosity and with
     the severities asked."""
+    global _handler
     handler: logging.Handler = (
         logging.FileHandler(settings.log_file, encoding="utf-8")
         if settings.log_file
         else logging.StreamHandler(sys.stderr)
     )
-    handler.setFormatter(TritonFormatter(settings.log_format))
-    handler.addFilter(SeverityFilter(settings.log_info, settings.log_warning, settings.log_error))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if settings.log_verbose > 0 else logging.INFO)
-    if settings.log_verbose == 0:
-        logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    _handler = handler
+    _current["log_file"] = settings.log_file or ""
+    update(
+        {
+            "log_info": settings.log_info,
+            "log_warning": settings.log_warning,
+            "log_error": settings.log_error,
+            "log_verbose_level": settings.log_verbose,
+            "log_format": settings.log_format,
+        }
+    )
+
+
+def update(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply checked ``changes`` (any of the settings but ``log_file``) to this process's
+    loggers; every setting, as they are now."""
+    _current.update({key: value for key, value in changes.items() if key != "log_file"})
+    verbose = int(_current["log_verbose_level"])
+    if _handler is not None:
+        _handler.setFormatter(TritonFormatter(str(_current["log_format"])))
+        for old in [f for f in _handler.filters if isinstance(f, SeverityFilter)]:
+            _handler.removeFilter(old)
+        _handler.addFilter(
+            SeverityFilter(_current["log_info"], _current["log_warning"], _current["log_error"])
+        )
+    logging.getLogger().setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
+    logging.getLogger("tornado.access").setLevel(logging.NOTSET if verbose > 0 else logging.WARNING)
+    return dict(_current)
+
+
+def current() -> dict[str, Any]:
+    """Every log setting of this process."""
+    return dict(_current)
+
+
+def verbose_level() -> int:
+    """The verbosity now (``--log-verbose``, or as the logging extension last set it)."""
+    return int(_current["log_verbose_level"])
 
 
 class RepeatingError:

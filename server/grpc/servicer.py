@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from server import log_settings
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.stream_window import StreamWindow
@@ -408,4 +409,10 @@ class InferenceServicer:
         return pb.CudaSharedMemoryRegisterResponse()
 
     TraceSetting = _not_yet("TraceSetting", "trace extension")
-    LogSettings = _not_yet("LogSettings", "logging extension")
+
+    @_unary
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Context
+    ) -> pb.LogSettingsResponse:
+        changes = log_settings.from_grpc(request.settings)
+        return log_settings.to_grpc(await self._dataplane.log_settings(changes))

@@ -1,5 +1,5 @@
 """Which restricted-API category an HTTP path is in, as Triton's HTTP dispatch sorts them
-(``src/http_server.cc``), including routes this server does not serve yet (trace, logging,
+(``src/http_server.cc``), including routes this server does not serve yet (trace,
 generate): those are refused like Triton's when restricted, else answered 404."""
 
 from __future__ import annotations

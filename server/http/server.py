@@ -18,6 +18,7 @@ from server.errors import InferenceServerError
 from server.http import categories
 from server.http.base import BaseHandler, NotFoundHandler, RefusedHandler
 from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
+from server.http.logging_settings import LoggingHandler
 from server.http.metadata import (
     LiveHandler,
     ModelConfigHandler,
@@ -62,6 +63,7 @@ def make_app(dataplane: Plane, settings: Settings) -> tornado.web.Application:
             (r"/v2/repository(?:/[^/]+)?/index", RepositoryIndexHandler, common),
             (r"/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)", RepositoryLoadHandler, common),
             (r"/v2/models/stats", StatisticsHandler, common),
+            (r"/v2/logging", LoggingHandler, common),
             (_SHARED_MEMORY, SharedMemoryHandler, common),
             (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from server import errors
+from server import errors, logs
 from server.errors import InferenceServerError, InternalError, Unavailable
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
@@ -95,6 +95,11 @@ class ExecutorClient:
     def _on_message(self, message: m.ToFrontEnd) -> None:
         if isinstance(message, m.Invalidate):
             self._specs.clear()
+            assert self._channel is not None
+            self._channel.send(m.Acknowledge(message.id))
+            return
+        if isinstance(message, m.LogSettings):
+            logs.update(message.settings)
             assert self._channel is not None
             self._channel.send(m.Acknowledge(message.id))
             return
@@ -211,6 +216,10 @@ class ExecutorClient:
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int
     ) -> None:
         await self._call("shm_register_cuda", name, raw_handle, device_id, byte_size)
+
+    async def log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("log_settings", changes)
+        return result
 
     async def shm_unregister(self, kind: str, name: str) -> None:
         await self._call("shm_unregister", kind, name)

@@ -73,7 +73,8 @@ class Call(msgspec.Struct, array_like=True, tag=4):
 
 
 class Acknowledge(msgspec.Struct, array_like=True, tag=5):
-    """The front end has dropped its cached model specs (answer to ``Invalidate``)."""
+    """The front end has dropped its cached model specs (answer to ``Invalidate``), or
+    applied new log settings (answer to ``LogSettings``)."""
 
     id: int
 
@@ -125,7 +126,14 @@ class Streamed(msgspec.Struct, array_like=True, tag=14):
     message: str = ""
 
 
-ToFrontEnd = Done | Failed | Returned | Invalidate | Streamed
+class LogSettings(msgspec.Struct, array_like=True, tag=15):
+    """The log settings changed (the logging extension): apply them, then ``Acknowledge``."""
+
+    id: int
+    settings: dict[str, Any]
+
+
+ToFrontEnd = Done | Failed | Returned | Invalidate | Streamed | LogSettings
 
 
 class Hello(msgspec.Struct, array_like=True):

@@ -4,8 +4,9 @@ Each connection brings the front end's arena (mapped here to view request tensor
 and gets an output arena of its own, into which large results are copied once; both are
 unmapped when the connection has ended and its last request has finished. Requests run as
 tasks, so a ``Cancel`` stops one that is still queued (it counts as CANCELED, as in one
-process). Model loads and unloads are reported to every front end, and acknowledged by each,
-before the call that made them returns.
+process). Model loads and unloads, and log setting changes, are reported to every front end,
+and acknowledged by each, before the call that made them returns; a front end that connects
+gets the log settings as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from server import logs
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InternalError
 from server.ipc import messages as m
@@ -51,6 +53,7 @@ _CALLS = {
     "shm_register_system": None,
     "shm_register_cuda": None,
     "shm_unregister": None,
+    "log_settings": "logging",
 }
 
 
@@ -146,6 +149,7 @@ class ExecutorService:
             sock.close()
             self._on_lost(connection)
             return
+        connection.send(m.LogSettings(0, logs.current()))  # a restarted one's may be stale
         log.debug("front end %d connected", hello.index)
 
     def _on_lost(self, connection: _Connection) -> None:
@@ -274,6 +278,8 @@ class ExecutorService:
             finally:
                 if kind == "changes":
                     await self.invalidate()
+            if kind == "logging":
+                await self._broadcast(lambda ack: m.LogSettings(ack, value))
             if kind == "serialize":
                 value = value.SerializeToString()
             connection.send(m.Returned(message.id, value))
@@ -286,11 +292,16 @@ class ExecutorService:
     async def invalidate(self, wait: bool = True) -> None:
         """Tell every front end that models changed; with ``wait``, return once each has
         dropped its cached specs (or stopped answering for ``_ACK_TIMEOUT_S``)."""
+        await self._broadcast(m.Invalidate, wait)
+
+    async def _broadcast(self, message: Callable[[int], Any], wait: bool = True) -> None:
+        """Send ``message(ack id)`` to every front end; with ``wait``, return once each has
+        acknowledged it (or stopped answering for ``_ACK_TIMEOUT_S``)."""
         waiting: dict[int, asyncio.Future[None]] = {}
         for connection in list(self._connections):
             self._next_ack += 1
             waiting[self._next_ack] = asyncio.get_running_loop().create_future()
-            connection.send(m.Invalidate(self._next_ack))
+            connection.send(message(self._next_ack))
         if not wait:
             return
         self._acks.update(waiting)
