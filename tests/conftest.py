@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from server import logs
 from tests.model_repos import build_datatype_repository
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 
@@ -45,10 +46,13 @@ def assert_still_serving(server: ServerProcess) -> Iterator[None]:
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     """For tests of code that configures the root logger (``logs.configure``, ``main``): put
-    pytest's handlers and level back afterwards."""
+    pytest's handlers and level back afterwards, and the log settings ``logs`` keeps."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    settings, handler = logs.current(), logs._handler
     yield
+    logs._current.update(settings)
+    logs._handler = handler
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()

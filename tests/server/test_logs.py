@@ -189,3 +189,28 @@ def test_severity_flags_on_a_server_that_fails_to_start(
     lines = result.stderr.splitlines()
     assert {line[0] for line in lines if re.match(r"[A-Z]\d{4} ", line)} == letters, lines
     assert all(re.match(r"[A-Z]\d{4} ", line) for line in lines), lines
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_update_changes_the_configured_handler_while_running(tmp_path: Path) -> None:
+    """The logging extension's changes: format, severities and verbosity, not the file."""
+    log_file = tmp_path / "server.log"
+    logs.configure(Settings(log_file=str(log_file)))
+    assert logs.current() == {
+        "log_file": str(log_file), "log_info": True, "log_warning": True, "log_error": True,
+        "log_verbose_level": 0, "log_format": "default",
+    }
+    test_log = logging.getLogger("server.test")
+    test_log.debug("hidden")
+    now = logs.update({"log_verbose_level": 1, "log_info": False, "log_format": "ISO8601"})
+    assert now["log_verbose_level"] == logs.verbose_level() == 1
+    assert now["log_file"] == str(log_file)
+    test_log.debug("shown")
+    test_log.info("left out")
+    test_log.warning("kept")
+    lines = log_file.read_text().splitlines()
+    assert [line.split("] ", 1)[1] for line in lines] == ["shown", "kept"]
+    assert all(line[:4].isdigit() and line[19] == "Z" for line in lines), lines
+    assert logging.getLogger("tornado.access").getEffectiveLevel() == logging.DEBUG
+    logs.update({"log_verbose_level": 0})
+    assert logging.getLogger("tornado.access").getEffectiveLevel() == logging.WARNING

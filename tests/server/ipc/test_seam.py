@@ -326,3 +326,17 @@ def test_a_failed_introduction_leaks_nothing_and_others_still_connect(
         assert len(os.listdir("/proc/self/fd")) <= before
         assert (await seam.client.infer(add_sub_request())).outputs
     run(models, body)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_log_settings_are_applied_and_acknowledged_by_the_front_end(models: Path) -> None:
+    """The executor's answer comes after the front end has applied the change: well within
+    the acknowledgement timeout."""
+    async def body(seam: Seam) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        now = await seam.client.log_settings({"log_verbose_level": 2, "log_format": "ISO8601"})
+        assert loop.time() - started < 2.0
+        assert now == await seam.client.log_settings({})
+        assert now["log_verbose_level"] == 2 and now["log_format"] == "ISO8601"
+    run(models, body)
