@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -212,3 +213,35 @@ def test_grpc_refusals(
         pb_grpc.GRPCInferenceServiceStub(channel).LogSettings(request, timeout=10)
     assert (raised.value.code(), raised.value.details()) == (code, error)
 
+
+
+def test_restricted_logging_needs_its_header(tmp_path: Path) -> None:
+    """``logging`` is a restricted-API category: refused without its header (HTTP 403, gRPC
+    UNAVAILABLE), served with it."""
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "echo" / "1" / "model.onnx")
+    process = start_server(
+        tmp_path,
+        args=(
+            "--http-restricted-api=logging:log-key=secret",
+            "--grpc-restricted-protocol=logging:log-key=secret",
+        ),
+    )
+    try:
+        assert process.port is not None, process.log
+        status, _, body = process.request("GET", "/v2/logging")
+        assert (status, json.loads(body)) == (
+            403, {"error": "This API is restricted, expecting header 'log-key'"}
+        )
+        assert process.request("POST", "/v2/logging", b"{}", {"log-key": "wrong"})[0] == 403
+        status, _, body = process.request("GET", "/v2/logging", None, {"log-key": "secret"})
+        assert (status, json.loads(body)) == (200, DEFAULTS)
+        client = grpcclient.InferenceServerClient(process.grpc_url)
+        with pytest.raises(InferenceServerException) as raised:
+            client.get_log_settings()
+        assert raised.value.status() == "StatusCode.UNAVAILABLE"
+        header = {"triton-grpc-protocol-log-key": "secret"}
+        answer = client.get_log_settings(headers=header, as_json=True)
+        assert answer["settings"]["log_format"] == {"string_param": "default"}
+        client.close()
+    finally:
+        process.stop()

@@ -845,7 +845,6 @@ def test_unknown_datatype_name_is_invalid_argument(
     "rpc, call",
     [
         ("TraceSetting", lambda c: c.get_trace_settings()),
-        ("LogSettings", lambda c: c.get_log_settings()),
     ],
 )
 def test_unimplemented_rpcs(
