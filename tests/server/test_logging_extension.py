@@ -7,7 +7,9 @@ process; the refusals with Triton's texts."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -243,5 +245,30 @@ def test_restricted_logging_needs_its_header(tmp_path: Path) -> None:
         answer = client.get_log_settings(headers=header, as_json=True)
         assert answer["settings"]["log_format"] == {"string_param": "default"}
         client.close()
+    finally:
+        process.stop()
+
+
+def test_a_restarted_front_end_gets_the_settings_as_they_are(tmp_path: Path) -> None:
+    """A front end started again after its death logs with the changed settings, not its
+    flags: the executor sends them when it connects."""
+    make_models.save(make_models.identity("FP32", ["batch", 4]), tmp_path / "echo" / "1" / "model.onnx")
+    process = start_server(tmp_path, args=("--frontends=1",))
+    try:
+        assert process.port is not None, process.log
+        assert _post(process, {"log_verbose_level": 1, "log_format": "ISO8601"})[0] == 200
+        old = int(re.findall(r"front end 0 \(pid (\d+)\) ready", process.log)[0])
+        os.kill(old, signal.SIGKILL)
+        process.wait_for_log(f"front end 0 (pid {old}) ended")
+        deadline = time.monotonic() + 30
+        while not (new := re.findall(r"front end 0 \(pid (\d+)\) ready", process.log)[1:]):
+            assert time.monotonic() < deadline, process.log
+            time.sleep(0.05)
+        mark = len(process.lines)
+        _infer(process, "after-restart")
+        _lines_after(process, mark, "id='after-restart'")
+        time.sleep(0.2)
+        access = [line for line in process.lines[mark:] if f" {new[0]} tornado.access]" in line]
+        assert access and all(_ISO_LINE.match(line) for line in access), process.lines[mark:]
     finally:
         process.stop()
