@@ -71,14 +71,19 @@ def _frontends(text: str) -> int:
     return count
 
 
-def _backend_config(text: str) -> tuple[str, str, str]:
-    backend, sep, setting = text.partition(",")
+def _named_setting(text: str, flag: str, what: str) -> tuple[str, str, str]:
+    """``<what>,<key>=<value>``, the form of ``--backend-config`` and ``--cache-config``."""
+    name, sep, setting = text.partition(",")
     key, eq, value = setting.partition("=")
-    if not sep or not eq or not backend or not key:
+    if not sep or not eq or not name or not key:
         raise argparse.ArgumentTypeError(
-            f"invalid --backend-config {text!r}: expected <backend>,<key>=<value>"
+            f"invalid {flag} {text!r}: expected <{what}>,<key>=<value>"
         )
-    return backend, key, value
+    return name, key, value
+
+
+def _backend_config(text: str) -> tuple[str, str, str]:
+    return _named_setting(text, "--backend-config", "backend")
 
 
 def _cuda_pool(text: str) -> tuple[int, int]:
@@ -98,13 +103,7 @@ def _cuda_pool(text: str) -> tuple[int, int]:
 
 def _cache_config(text: str) -> tuple[str, str, str]:
     """``--cache-config <cache>,<key>=<value>``; only the local cache exists here."""
-    cache, sep, setting = text.partition(",")
-    key, eq, value = setting.partition("=")
-    if not sep or not eq or not cache or not key:
-        raise argparse.ArgumentTypeError(
-            f"invalid --cache-config {text!r}: expected <cache>,<key>=<value>"
-        )
-    return cache, key, value
+    return _named_setting(text, "--cache-config", "cache")
 
 
 _METRICS_CONFIG_KEYS = ("histogram_latencies", "summary_latencies", "counter_latencies")
