@@ -198,6 +198,11 @@ def test_http_refuses_a_class_count_that_is_not_an_unsigned_integer(
     status, _, reply = server.request("POST", "/v2/models/ints/infer", body)
     assert status == 400, reply
     assert b"attempt to access JSON non-unsigned-integer as unsigned-integer" in reply
+    # the same request with a good count is served
+    good = body.replace(b'"classification":' + json.dumps(value).encode(), b'"classification":1')
+    status, _, reply = server.request("POST", "/v2/models/ints/infer", good)
+    assert status == 200, reply
+    assert json.loads(reply)["outputs"][0]["data"] == ["2:1"]
 
 
 def test_grpc_refuses_a_negative_class_count(
@@ -212,6 +217,10 @@ def test_grpc_refuses_a_negative_class_count(
     assert "attempt to access JSON non-unsigned-integer as unsigned-integer" in (
         err.value.message()
     )
+    # the same request with a good count is served
+    good = grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)
+    top = grpc_client.infer("ints", [tensor], outputs=[good]).as_numpy("OUTPUT0")
+    assert _texts(top) == ["2:1"]
 
 
 def test_classification_is_listed_first_in_the_extensions(

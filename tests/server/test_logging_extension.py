@@ -160,6 +160,7 @@ def test_http_refusals(server: ServerProcess, body: Any, status: int, error: str
 def test_other_methods_are_405(server: ServerProcess) -> None:
     status, _, body = server.request("PUT", "/v2/logging", b"{}")
     assert status == 405, body
+    assert json.loads(server.request("GET", "/v2/logging")[2]) == DEFAULTS  # nothing changed
 
 
 def test_tritonclient_http(defaults: ServerProcess) -> None:
@@ -214,6 +215,7 @@ def test_grpc_refusals(
     with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as raised:
         pb_grpc.GRPCInferenceServiceStub(channel).LogSettings(request, timeout=10)
     assert (raised.value.code(), raised.value.details()) == (code, error)
+    assert json.loads(server.request("GET", "/v2/logging")[2]) == DEFAULTS  # nothing changed
 
 
 

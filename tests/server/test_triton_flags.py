@@ -182,8 +182,10 @@ def test_vertex_ai_mode_from_the_environment_is_refused_unless_turned_off(
 
 def test_help_says_what_each_option_does_here() -> None:
     text = build_parser().format_help()
+    flat = " ".join(text.split())
     for name, compat in triton_flags.not_implemented().items():
         assert name in text
+        assert " ".join(triton_flags.help_text(compat).split()) in flat, name
         assert triton_flags.help_text(compat).startswith(
             "Refused" if compat.support is Support.REFUSED else "No effect"
         )

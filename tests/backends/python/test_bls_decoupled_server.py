@@ -44,6 +44,15 @@ def _input(name: str, values: list[int], datatype: str = "INT32") -> grpcclient.
     return tensor
 
 
+def _successes(server: ServerProcess, model: str) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
 def _bls(server: ServerProcess, model: str, values: list[int], **params: Any) -> np.ndarray:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -60,14 +69,10 @@ def _bls(server: ServerProcess, model: str, values: list[int], **params: Any) ->
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_a_model_calls_another(server: ServerProcess, model: str) -> None:
+    before = _successes(server, "double")
     assert _bls(server, model, [1, 2, 3]).tolist() == [2, 4, 6]
     # through the target's scheduler and statistics, as a client's request
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        stats = client.get_inference_statistics("double", as_json=True)
-    finally:
-        client.close()
-    assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
+    assert _successes(server, "double") - before == 1
 
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
@@ -82,6 +87,7 @@ def test_bls_errors_are_the_targets_with_tritons_texts(server: ServerProcess, mo
     assert "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls" in str(
         decoupled.value
     )
+    assert _bls(server, model, [5]).tolist() == [10]  # and it serves on
 
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
@@ -120,6 +126,7 @@ def test_bls_decoupled_exec_yields_each_response(server: ServerProcess, model: s
     assert _bls(server, model, [0], mode="stream").tolist() == []
     with pytest.raises(InferenceServerException, match="cannot send -1 responses"):
         _bls(server, model, [-1], mode="stream")
+    assert _bls(server, model, [5]).tolist() == [10]  # and it serves on
 
 
 def test_model_control_from_a_model(server: ServerProcess) -> None:
@@ -231,22 +238,26 @@ def test_decoupled_models_are_refused_by_http_and_unary_grpc(server: ServerProce
         assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(
             by_grpc.value
         )
+        # both still serve a non-decoupled model
+        served = http.infer("double", [tensor]).as_numpy("OUT")
+        assert served is not None and served.tolist() == [2]
+        assert grpc.infer("double", [_input("IN", [1])]).as_numpy("OUT").tolist() == [2]
     finally:
         http.close()
         grpc.close()
 
 
 def test_decoupled_statistics_count_the_request(server: ServerProcess, stream: _Stream) -> None:
+    before = _successes(server, "square_int32")
     stream.client.async_stream_infer(
         "square_int32", [_input("IN", [2])], enable_empty_final_response=True
     )
-    stream.take(3)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        stats = client.get_inference_statistics("square_int32", as_json=True)
-    finally:
-        client.close()
-    assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
+    items = stream.take(3)
+    assert all(error is None for _, error in items), items
+    results = [result for result, _ in items]
+    assert [r.as_numpy("OUT").tolist() for r in results[:2]] == [[2], [2]]
+    assert [_final(r) for r in results] == [False, False, True]
+    assert _successes(server, "square_int32") - before == 1
 
 
 def test_a_stream_given_up_midway_leaves_the_server_serving(server: ServerProcess) -> None:

@@ -154,6 +154,8 @@ def test_model_repository(client: grpcclient.InferenceServerClient) -> None:
         InferenceServerException, match="explicit model load / unload is not allowed"
     ):
         client.unload_model("simple", headers=ADMIN)
+    assert client.is_server_live(headers=INFER)
+    assert client.is_model_ready("simple", headers=INFER)  # the refusals unloaded nothing
 
 
 def test_health(client: grpcclient.InferenceServerClient) -> None:

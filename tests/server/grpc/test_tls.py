@@ -90,9 +90,12 @@ def test_tls_serves_a_client_trusting_the_ca(tls_server: ServerProcess, pki: Pki
     assert _live(tls_server.grpc_url, with_cert)
 
 
-def test_tls_refuses_plaintext_and_untrusting_clients(tls_server: ServerProcess) -> None:
+def test_tls_refuses_plaintext_and_untrusting_clients(tls_server: ServerProcess, pki: Pki) -> None:
     _refused(tls_server.grpc_url, None)
     _refused(tls_server.grpc_url, grpc.ssl_channel_credentials())  # system CAs only
+    # refused for the credentials, not for a dead server
+    trusting = grpc.ssl_channel_credentials(root_certificates=pki.read("ca_cert"))
+    assert _live(tls_server.grpc_url, trusting)
 
 
 def test_tritonclient_with_ssl(tls_server: ServerProcess, pki: Pki) -> None:
@@ -125,6 +128,7 @@ def test_mutual_tls_needs_a_client_certificate(mutual_server: ServerProcess, pki
     assert _live(mutual_server.grpc_url, with_cert)
     _refused(mutual_server.grpc_url, grpc.ssl_channel_credentials(pki.read("ca_cert")))
     _refused(mutual_server.grpc_url, None)
+    assert _live(mutual_server.grpc_url, with_cert)  # still serving a good client
 
 
 def test_mutual_tls_refuses_a_certificate_of_another_ca(
@@ -135,6 +139,10 @@ def test_mutual_tls_refuses_a_certificate_of_another_ca(
         pki.read("ca_cert"), other.read("client_key"), other.read("client_cert")
     )
     _refused(mutual_server.grpc_url, foreign)
+    with_cert = grpc.ssl_channel_credentials(
+        pki.read("ca_cert"), pki.read("client_key"), pki.read("client_cert")
+    )
+    assert _live(mutual_server.grpc_url, with_cert)  # refused for the certificate alone
 
 
 def test_tritonclient_with_mutual_tls(mutual_server: ServerProcess, pki: Pki) -> None:

@@ -69,6 +69,11 @@ def test_restricted_without_or_with_a_wrong_header(
     other = "infer-key" if header == "admin-key" else "admin-key"
     right_value_wrong_key = {other: ADMIN.get(header, INFER.get(header, ""))}
     _refused(server.request(method, path, body, right_value_wrong_key), header)
+    # refused for the header alone: with the right one it gets past the restriction
+    right = ADMIN if header == "admin-key" else INFER
+    status, _, answer = server.request(method, path, body, right)
+    assert status != 403, answer
+    assert server.request("GET", "/v2", None, INFER)[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -116,6 +121,7 @@ def test_unknown_paths_are_still_404(server: ServerProcess) -> None:
     response = server.request("GET", "/v2/nowhere")
     assert response[0] == 404
     assert error_of(response) == "Not Found"
+    assert server.request("GET", "/v2", None, INFER)[0] == 200
 
 
 def _exchange(sock: socket.socket, request: bytes) -> bytes:
