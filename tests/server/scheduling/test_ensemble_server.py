@@ -240,6 +240,9 @@ def test_composing_error_is_prefixed(server: ServerProcess) -> None:
     tensor.set_data_from_numpy(_raw(9))
     with pytest.raises(InferenceServerException, match="batch-size must be <= 8 for 'pipeline'"):
         client.infer("pipeline", [tensor])
+    raw = _raw(8)  # the largest batch still serves
+    result = _infer(client, httpclient, "pipeline", raw, ["OUT"])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * raw + 11).astype(np.float32))
 
 
 def test_unknown_composing_model_fails_the_load(server: ServerProcess) -> None:
@@ -249,6 +252,9 @@ def test_unknown_composing_model_fails_the_load(server: ServerProcess) -> None:
         match="ensemble broken contains models that are not available or ambiguous: nowhere",
     ):
         client.load_model("broken")
+    raw = _raw(2)  # the failed load leaves the others serving
+    result = _infer(client, httpclient, "pipeline", raw, ["OUT"])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * raw + 11).astype(np.float32))
 
 
 @pytest.fixture
