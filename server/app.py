@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from tornado.httpserver import HTTPServer
 
@@ -220,11 +220,3 @@ def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -
     )
     server.bind(settings.grpc_address, settings.grpc_port, tls.from_settings(settings))
     return server
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``tensorgate`` command (``server.main.main``): this one-process server with
-    ``--frontends=0``, the supervisor otherwise."""
-    from server.main import main as dispatch
-
-    return dispatch(argv)

@@ -13,6 +13,9 @@ DEFAULT_HTTP_BODY_TIMEOUT_SECS = 300  # a 64 MiB body at 2 Mbit/s still arrives
 DEFAULT_HTTP_MAX_INFLIGHT_BYTES = 1 << 30  # all request bodies held at once
 DEFAULT_PINNED_POOL_BYTES = 1 << 28  # 256 MiB, Triton's --pinned-memory-pool-byte-size
 DEFAULT_CUDA_POOL_BYTES = 1 << 26  # 64 MiB per GPU, Triton's --cuda-memory-pool-byte-size
+#: HTTP bodies are read this much at a time; so a body may pass --http-max-input-size by up
+#: to this before it is refused (the front end's arena makes room for it).
+HTTP_CHUNK_BYTES = 1 << 16
 
 
 def default_frontends() -> int:

@@ -13,11 +13,10 @@ from server.http.listener import Listener
 from server.http.server import Routes
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
-from server.settings import Settings
+from server.settings import HTTP_CHUNK_BYTES, Settings
 
 log = logging.getLogger("server")
 
-_CHUNK_SIZE = 1 << 16  # Tornado allocates (and zeroes) a buffer this size for every socket read
 
 
 class Http:
@@ -49,8 +48,8 @@ def start_http(
         Routes(dataplane, settings, pool),
         # Slack above the limit so that our own check, which answers 400, runs before
         # Tornado's, which just drops the connection (chunked bodies).
-        max_body_size=settings.http_max_input_size + _CHUNK_SIZE,
-        chunk_size=_CHUNK_SIZE,
+        max_body_size=settings.http_max_input_size + HTTP_CHUNK_BYTES,
+        chunk_size=HTTP_CHUNK_BYTES,  # Tornado allocates (and zeroes) this much per read
         max_header_size=settings.http_max_header_size,
         idle_connection_timeout=settings.http_idle_timeout_secs,
         body_timeout=settings.http_body_timeout_secs,

@@ -11,16 +11,14 @@ socket instead (slower, never refused).
 from __future__ import annotations
 
 from server.memory.host_pool import size_class
-from server.settings import Settings
+from server.settings import HTTP_CHUNK_BYTES, Settings
 
-#: What a chunked body may grow past the limit before it is refused.
-_BODY_SLACK = 1 << 16
 _MIN_OUTPUT_ARENA = 16 << 20
 
 
 def request_arena_bytes(settings: Settings, frontends: int) -> int:
     share = settings.pinned_memory_pool_byte_size // max(1, frontends)
-    return max(share, size_class(settings.http_max_input_size + _BODY_SLACK))
+    return max(share, size_class(settings.http_max_input_size + HTTP_CHUNK_BYTES))
 
 
 def output_arena_bytes(settings: Settings, frontends: int) -> int:
