@@ -22,9 +22,9 @@ from server.errors import (
     InvalidArgument,
     ModelLoadError,
     NotFound,
-    Rejected,
     Unavailable,
     Unsupported,
+    failure_reason,
 )
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
@@ -288,7 +288,7 @@ class DataPlane:
             self._log_request(request, served, "CANCELED", start)
             raise
         except Exception as exc:
-            served.stats.record_failure(time.perf_counter_ns() - start, _failure_reason(exc))
+            served.stats.record_failure(time.perf_counter_ns() - start, failure_reason(exc))
             self._log_failure(request, served, exc, start)
             raise
         finished = time.perf_counter_ns()
@@ -572,14 +572,3 @@ def _write_shared_outputs(
             blob = tensor_to_bytes(output.data, output.datatype)
             lease.write(ref.region, ref.offset, ref.byte_size, output.name, blob)
             output.shared_memory = ref
-
-
-def _failure_reason(error: Exception) -> str:
-    """The ``reason`` label of a failed request: turned away by the scheduler, a fault of the
-    model or backend, or anything else (bad input, an unloading model)."""
-    if isinstance(error, Rejected):
-        return "REJECTED"
-    if isinstance(error, InternalError):
-        return "BACKEND"
-    return "OTHER"
-

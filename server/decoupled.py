@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import InferenceServerError, InternalError, InvalidArgument
+from server.errors import InferenceServerError, InternalError, InvalidArgument, failure_reason
 from server.protocol import classification
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.streaming import StreamReply
@@ -67,6 +67,7 @@ async def replies(
             items.put_nowait((task.exception(), True))
 
     ended = False
+    result: RequestResult | BaseException | None = None
     with served.gate.admit():
         task = asyncio.ensure_future(scheduler.execute(job))
         task.add_done_callback(failed)
@@ -83,7 +84,9 @@ async def replies(
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(task)
             elapsed = time.perf_counter_ns() - start
-            if ended:
+            if ended and isinstance(result, Exception):  # the stream ended with an error
+                served.stats.record_failure(elapsed, failure_reason(result))
+            elif ended:
                 served.stats.record_success(
                     elapsed, job.times.queue_ns, 0, job.times.compute_ns, 0, prepared.batch_size
                 )

@@ -140,3 +140,13 @@ def reported(exc: BaseException, log: logging.Logger, where: str) -> InferenceSe
     if isinstance(error, InternalError):
         log.error("internal error %s: %s", where, error.message, exc_info=exc)
     return error
+
+
+def failure_reason(error: Exception) -> str:
+    """The ``reason`` label of a failed request: turned away by the scheduler, a fault of the
+    model or backend, or anything else (bad input, an unloading model)."""
+    if isinstance(error, Rejected):
+        return "REJECTED"
+    if isinstance(error, InternalError):
+        return "BACKEND"
+    return "OTHER"
