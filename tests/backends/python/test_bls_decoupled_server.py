@@ -53,6 +53,15 @@ def _successes(server: ServerProcess, model: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
 
 
+def _failures(server: ServerProcess, model: str) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0]["inference_stats"]["fail"].get("count", 0))
+
+
 def _bls(server: ServerProcess, model: str, values: list[int], **params: Any) -> np.ndarray:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -281,3 +290,20 @@ def test_a_stream_given_up_midway_leaves_the_server_serving(server: ServerProces
         assert items[0][0].as_numpy("OUT").tolist() == [7] and _final(items[1][0])
     finally:
         second.close()
+
+
+def test_a_stream_that_ends_with_an_error_counts_as_a_failure(
+    server: ServerProcess, stream: _Stream
+) -> None:
+    successes, failures = _successes(server, "square_int32"), _failures(server, "square_int32")
+    for value, request_id in ((-1, "sent-an-error"), (-2, "execute-raised")):
+        stream.client.async_stream_infer(
+            "square_int32", [_input("IN", [value])], request_id=request_id
+        )
+        ((result, error),) = stream.take(1)
+        assert result is None and error is not None
+    assert _failures(server, "square_int32") - failures == 2
+    assert _successes(server, "square_int32") == successes
+    stream.client.async_stream_infer("square_int32", [_input("IN", [1])])
+    ((result, error),) = stream.take(1)  # and it serves on
+    assert error is None and result.as_numpy("OUT").tolist() == [1]
