@@ -7,8 +7,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from tornado.httpserver import HTTPServer
-
 from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
@@ -17,6 +15,7 @@ from server import restricted, tls
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
+from server.http import endpoint
 from server.http.endpoint import Http, start_http
 from server.http.metrics import make_metrics_app
 from server.memory.device_pool import DevicePools
@@ -184,7 +183,7 @@ def start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool
         )
 
     http = Http(
-        HTTPServer(make_metrics_app(page)),
+        endpoint.service(make_metrics_app(page)),
         settings.metrics_address,
         settings.metrics_port,
         "Metrics Service",

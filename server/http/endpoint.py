@@ -1,14 +1,15 @@
-"""An HTTP endpoint: a Tornado server and the listener accepting its connections; the
-inference API's is built here for the one-process server and for each front end."""
+"""An HTTP endpoint: the connections' service and the listener accepting them; the inference
+API's is built here for the one-process server and for each front end."""
 
 from __future__ import annotations
 
 import logging
 import socket
 
-from tornado.httpserver import HTTPServer
+from tornado import httputil
 from tornado.netutil import bind_sockets
 
+from server.http.connection import HttpService
 from server.http.listener import Listener
 from server.http.server import Routes
 from server.memory.host_pool import BufferSource
@@ -16,15 +17,16 @@ from server.plane import Plane
 from server.settings import HTTP_CHUNK_BYTES, Settings
 
 log = logging.getLogger("server")
-
+#: Tornado's default: how long a connection may wait for a request's headers.
+DEFAULT_IDLE_TIMEOUT_SECS = 3600
 
 
 class Http:
-    """A Tornado HTTP server and the listener that accepts its connections."""
+    """An HTTP service and the listener that accepts its connections."""
 
     def __init__(
         self,
-        server: HTTPServer,
+        server: HttpService,
         address: str,
         port: int,
         name: str,
@@ -38,20 +40,34 @@ class Http:
             log.info("Started %s at %s:%d", name, address, self.listener.port)
 
 
+def service(
+    delegate: httputil.HTTPServerConnectionDelegate,
+    max_body_size: int = 100 << 20,
+    max_header_size: int = 65536,
+    idle_timeout_secs: float = DEFAULT_IDLE_TIMEOUT_SECS,
+    body_timeout_secs: float | None = None,
+) -> HttpService:
+    """Connections served with Tornado's defaults unless told otherwise."""
+    return HttpService(
+        delegate, max_body_size=max_body_size, max_header_size=max_header_size,
+        idle_timeout_secs=idle_timeout_secs or DEFAULT_IDLE_TIMEOUT_SECS,
+        body_timeout_secs=body_timeout_secs,
+    )
+
+
 def start_http(
     settings: Settings,
     dataplane: Plane,
     pool: BufferSource,
     sockets: list[socket.socket] | None = None,
 ) -> Http:
-    server = HTTPServer(
+    server = service(
         Routes(dataplane, settings, pool),
-        # Slack above the limit so that our own check, which answers 400, runs before
-        # Tornado's, which just drops the connection (chunked bodies).
+        # Slack above the limit so that our own check, which answers 400, runs before the
+        # connection's, which answers a bare 400 and closes (chunked bodies).
         max_body_size=settings.http_max_input_size + HTTP_CHUNK_BYTES,
-        chunk_size=HTTP_CHUNK_BYTES,  # Tornado allocates (and zeroes) this much per read
         max_header_size=settings.http_max_header_size,
-        idle_connection_timeout=settings.http_idle_timeout_secs,
-        body_timeout=settings.http_body_timeout_secs,
+        idle_timeout_secs=settings.http_idle_timeout_secs,
+        body_timeout_secs=settings.http_body_timeout_secs,
     )
     return Http(server, settings.http_address, settings.http_port, "HTTPService", sockets)

@@ -1,6 +1,7 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer``: streamed body in, JSON + binary out.
 
-Served by an ``HTTPMessageDelegate`` of its own, below ``tornado.web``: a ``RequestHandler``
+Served by an ``HTTPMessageDelegate`` of its own, below ``tornado.web`` (on the connections of
+``server.http.connection``): a ``RequestHandler``
 costs about 100 µs of CPU per request (its Task, header dict, ``prepare`` future, routing,
 transforms, ``flush``), half as much as everything else about a small request. The answers are
 the ones a handler would write: the same status lines, headers, ``{"error": ...}`` bodies and
@@ -23,12 +24,12 @@ from urllib.parse import unquote_to_bytes
 
 import orjson
 from tornado import httputil
-from tornado.http1connection import HTTP1Connection
 from tornado.log import access_log, gen_log
 
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import log
+from server.http.connection import Exchange
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.protocol import binary, rest_codec
@@ -78,7 +79,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
     def __init__(
         self,
         service: InferService,
-        connection: HTTP1Connection,
+        connection: Exchange,
         path: re.Match[str],
         refusal: InferenceServerError | None = None,
     ) -> None:
@@ -117,7 +118,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         self._connection.set_close_callback(self.on_connection_close)
         # Tornado's body timeout, on a plain timer: its gen.with_timeout around the body
         # read (a Task, two futures, a timeout) costs 10 µs of CPU per request.
-        self._connection.set_body_timeout(None)  # type: ignore[arg-type]
+        self._connection.set_body_timeout(None)
         self._body_deadline = asyncio.get_running_loop().call_later(
             self._service.body_timeout_secs, self._body_timed_out
         )
@@ -180,7 +181,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
     def _body_timed_out(self) -> None:
         # As Tornado does: the connection is closed, and on_connection_close follows.
         gen_log.info("Timeout reading body from %s", self._connection.context)
-        self._connection.stream.close()
+        self._connection.close()
 
     def _body_read(self) -> None:
         if self._body_deadline is not None:
@@ -281,7 +282,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         await connection.write_headers(_OK, headers, encoded.header)
         for blob in encoded.blobs:
             # The blob must stay unchanged until the write completes: hence the await.
-            await connection.write(blob)  # type: ignore[arg-type]
+            await connection.write(blob)
         self._end()
 
     # --- answering ------------------------------------------------------------------------

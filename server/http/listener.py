@@ -1,8 +1,8 @@
-"""Accepts connections for a Tornado ``HTTPServer``, pausing instead of spinning when accept fails.
+"""Accepts connections for an ``HttpService``, pausing instead of spinning when accept fails.
 
-Tornado's accept handler lets every error but EAGAIN escape to asyncio, which logs it with a
-traceback; the listening socket stays readable, so with the process out of file descriptors
-that repeated on every loop iteration (10 MB of log in 3 s, two thirds of a core). Here a failed accept
+An accept handler that lets every error but EAGAIN escape to asyncio (as Tornado's did) has it
+logged with a traceback; the listening socket stays readable, so with the process out of file
+descriptors that repeated on every loop iteration (10 MB of log in 3 s, two thirds of a core). Here a failed accept
 (EMFILE, ENFILE, ENOBUFS, ENOMEM, or any other) stops watching that socket for ``PAUSE_SECS``
 and is logged at most once per interval; the connections meanwhile wait in the kernel's
 backlog, and are accepted as soon as descriptors are free again.
@@ -15,9 +15,7 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from tornado.httpserver import HTTPServer
-from tornado.iostream import IOStream
-
+from server.http.connection import HttpService
 from server.logs import RepeatingError
 
 log = logging.getLogger(__name__)
@@ -31,8 +29,8 @@ _ACCEPTS_PER_WAKEUP = 128
 class Listener:
     """Feeds the connections arriving on ``sockets`` to ``server`` until closed."""
 
-    def __init__(self, server: HTTPServer, sockets: Sequence[socket.socket], name: str) -> None:
-        self._server = server
+    def __init__(self, service: HttpService, sockets: Sequence[socket.socket], name: str) -> None:
+        self._service = service
         self._sockets = list(sockets)
         self._loop = asyncio.get_running_loop()
         self._failures = RepeatingError(log, f"{name}: accepting a connection failed")
@@ -62,12 +60,7 @@ class Listener:
                 self._loop.remove_reader(sock)
                 self._retries[sock] = self._loop.call_later(PAUSE_SECS, self._watch, sock)
                 return
-            stream = IOStream(
-                connection,
-                max_buffer_size=self._server.max_buffer_size,
-                read_chunk_size=self._server.read_chunk_size,
-            )
-            self._server.handle_stream(stream, address)
+            self._service.adopt(connection, address)
 
     def close(self) -> None:
         """Stop accepting and close the sockets; connections already accepted stay open."""

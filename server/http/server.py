@@ -1,7 +1,7 @@
 """The HTTP/REST application: routes as Triton's regexes (triton-facts §1.1).
 
-``POST .../infer`` is served by ``InferExchange`` directly under the ``HTTPServer``; every other
-request goes to the Tornado application, unchanged.
+``POST .../infer`` is served by ``InferExchange`` directly on the connection
+(``server.http.connection``); every other request goes to the Tornado application, unchanged.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import cast
 
 import tornado.web
 from tornado import httputil
-from tornado.http1connection import HTTP1Connection
 
 from server import restricted
 from server.errors import InferenceServerError
 from server.http import categories
 from server.http.base import BaseHandler, NotFoundHandler, RefusedHandler
+from server.http.connection import Exchange
 from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
 from server.http.logging_settings import LoggingHandler
 from server.http.metadata import (
@@ -90,7 +90,7 @@ class Routes(httputil.HTTPServerConnectionDelegate):
     def refused(
         self,
         server_conn: object,
-        conn: HTTP1Connection,
+        conn: Exchange,
         start_line: httputil.RequestStartLine,
         headers: httputil.HTTPHeaders,
         error: InferenceServerError,
@@ -107,7 +107,7 @@ class Routes(httputil.HTTPServerConnectionDelegate):
     def start_request(
         self, server_conn: object, request_conn: httputil.HTTPConnection
     ) -> httputil.HTTPMessageDelegate:
-        return _Dispatch(self, server_conn, cast(HTTP1Connection, request_conn))
+        return _Dispatch(self, server_conn, cast(Exchange, request_conn))
 
     def on_close(self, server_conn: object) -> None:
         self.app.on_close(server_conn)
@@ -116,7 +116,7 @@ class Routes(httputil.HTTPServerConnectionDelegate):
 class _Dispatch(httputil.HTTPMessageDelegate):
     """Picks the delegate for one request once its start line is known, then forwards to it."""
 
-    def __init__(self, routes: Routes, server_conn: object, conn: HTTP1Connection) -> None:
+    def __init__(self, routes: Routes, server_conn: object, conn: Exchange) -> None:
         self._routes = routes
         self._server_conn = server_conn
         self._conn = conn

@@ -16,13 +16,14 @@ from typing import Any, cast
 import numpy as np
 import pytest
 from tornado import httputil
-from tornado.http1connection import HTTP1Connection
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from server import event_loop
 from server.errors import NotFound
+from server.http.connection import Exchange
+from server.http.endpoint import service as http_service
 from server.http.infer import INFER_PATH, InferExchange, InferService
+from server.http.listener import Listener
 from server.http.server import Routes
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
@@ -116,13 +117,15 @@ class Served:
 async def serving(settings: Settings) -> AsyncIterator[Served]:
     plane = FakePlane()
     pool = HostBufferPool(pinned_limit=0)
-    server = HTTPServer(Routes(cast(Plane, plane), settings, pool))
-    sockets = bind_sockets(0, "127.0.0.1")
-    server.add_sockets(sockets)
+    server = http_service(
+        Routes(cast(Plane, plane), settings, pool),
+        body_timeout_secs=settings.http_body_timeout_secs,
+    )
+    listener = Listener(server, bind_sockets(0, "127.0.0.1"), "test")
     try:
-        yield Served(plane, pool, sockets[0].getsockname()[1])
+        yield Served(plane, pool, listener.port)
     finally:
-        server.stop()
+        listener.close()
         await server.close_all_connections()
 
 
@@ -227,7 +230,8 @@ def test_a_stalled_body_is_cut_off_and_its_buffer_freed(caplog: pytest.LogCaptur
 
 
 class _Connection:
-    """The parts of ``HTTP1Connection`` an exchange uses, recording what it is told."""
+    """The parts of a connection's ``Exchange`` an infer exchange uses, recording what it is
+    told."""
 
     context = None
 
@@ -257,7 +261,7 @@ def test_a_client_gone_before_its_task_starts_frees_the_body_and_nothing_runs() 
         path = INFER_PATH.match(start_line.path)
         assert path is not None
         connection = _Connection()
-        exchange = InferExchange(service, cast(HTTP1Connection, connection), path)
+        exchange = InferExchange(service, cast(Exchange, connection), path)
         exchange.headers_received(start_line, headers)
         exchange.data_received(body)
         exchange.finish()  # the task is created, not yet started

@@ -1,0 +1,309 @@
+"""The HTTP/1.x connection (``server.http.connection``) under a small Tornado application, on
+raw sockets: keep-alive as Tornado decides it, pipelined requests answered in order, chunked
+bodies both ways, ``100 Continue``, malformed and oversize requests, idle connections, answers
+made of views that must stay untouched until the kernel has them, and a client gone while its
+answer is being made."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import tornado.web
+from tornado.netutil import bind_sockets
+
+from server import event_loop
+from server.http.connection import HttpService
+from server.http.endpoint import service
+from server.http.listener import Listener
+
+BIG = 8 << 20
+
+
+class _Echo(tornado.web.RequestHandler):
+    def get(self) -> None:
+        self.write(f"path={self.request.path} q={self.get_argument('q', '')}")
+
+    def post(self) -> None:
+        self.write(b"got " + self.request.body)
+
+
+class _Slow(tornado.web.RequestHandler):
+    async def get(self) -> None:
+        await asyncio.sleep(0.05)
+        self.write("slow")
+
+
+class _Chunked(tornado.web.RequestHandler):
+    async def get(self) -> None:
+        self.write("one,")
+        await self.flush()
+        self.write("two")
+
+
+class _Views(tornado.web.RequestHandler):
+    """A large answer written as a view of a buffer that is overwritten once the write is
+    reported done: the client must still get the first contents."""
+
+    async def get(self) -> None:
+        buffer = bytearray(b"a" * BIG)
+        self.set_header("Content-Length", str(BIG))
+        await self.flush()
+        await self.request.connection.write(memoryview(buffer))  # type: ignore[union-attr]
+        buffer[:] = b"b" * BIG
+        self.finish()
+
+
+class _Hang(tornado.web.RequestHandler):
+    closed: asyncio.Event
+
+    async def get(self) -> None:
+        await asyncio.sleep(30)
+
+    def on_connection_close(self) -> None:
+        _Hang.closed.set()
+
+
+@tornado.web.stream_request_body
+class _Stream(tornado.web.RequestHandler):
+    def prepare(self) -> None:
+        self.pieces: list[bytes] = []
+
+    def data_received(self, chunk: bytes) -> None:
+        self.pieces.append(chunk)
+
+    def put(self) -> None:
+        self.write(b"streamed " + b"".join(self.pieces))
+
+
+def _app() -> tornado.web.Application:
+    return tornado.web.Application([
+        ("/echo", _Echo), ("/slow", _Slow), ("/chunked", _Chunked), ("/views", _Views),
+        ("/hang", _Hang), ("/stream", _Stream),
+    ])
+
+
+@asynccontextmanager
+async def serving(**limits: float) -> AsyncIterator[tuple[HttpService, int]]:
+    http = service(_app(), **limits)  # type: ignore[arg-type]
+    listener = Listener(http, bind_sockets(0, "127.0.0.1"), "test")
+    try:
+        yield http, listener.port
+    finally:
+        listener.close()
+        await http.close_all_connections()
+
+
+def run(scenario: Callable[[int], Awaitable[None]], **limits: float) -> None:
+    async def main() -> None:
+        async with serving(**limits) as (_, port):
+            await asyncio.wait_for(scenario(port), 20)
+
+    event_loop.run(main())
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+    """One answer: its status line, headers and body (by Content-Length or chunks)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin1")
+    status, *lines = head.split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines if line)
+    if headers.get("Transfer-Encoding") == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            body += (await reader.readexactly(size + 2))[:-2]
+            if size == 0:
+                return status, headers, body
+    return status, headers, await reader.readexactly(int(headers.get("Content-Length", "0")))
+
+
+async def exchange(port: int, sent: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(sent)
+    return reader, writer
+
+
+def test_keep_alive_serves_many_requests_on_one_connection() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(port, b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = await read_answer(reader)
+        assert (status, body) == ("HTTP/1.1 200 OK", b"path=/echo q=1")
+        assert headers["Content-Length"] == "14"
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        status, headers, body = await read_answer(reader)
+        assert (status, body) == ("HTTP/1.1 200 OK", b"got abc")
+        assert "Connection" not in headers
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, headers, body = await read_answer(reader)
+        assert headers["Connection"] == "close"
+        assert await reader.read() == b""  # closed after the answer
+        writer.close()
+
+    run(scenario)
+
+
+def test_http_1_0_closes_unless_asked_to_keep_alive() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(port, b"GET /echo HTTP/1.0\r\n\r\n")
+        status, headers, body = await read_answer(reader)
+        assert (status, body) == ("HTTP/1.1 200 OK", b"path=/echo q=")
+        assert await reader.read() == b""
+        writer.close()
+        reader, writer = await exchange(port, b"GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        status, headers, body = await read_answer(reader)
+        assert headers["Connection"] == "Keep-Alive"
+        writer.write(b"GET /echo?q=2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert (await read_answer(reader))[2] == b"path=/echo q=2"
+        writer.close()
+
+    run(scenario)
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    async def scenario(port: int) -> None:
+        requests = (
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+            b"GET /echo?q=3 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        reader, writer = await exchange(port, requests)
+        bodies = [(await read_answer(reader))[2] for _ in range(3)]
+        assert bodies == [b"slow", b"got hi", b"path=/echo q=3"]
+        writer.close()
+
+    run(scenario)
+
+
+def test_chunked_bodies_in_and_out() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(
+            port,
+            b"PUT /stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        )
+        assert (await read_answer(reader))[2] == b"streamed abcde"
+        writer.write(b"GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, headers, body = await read_answer(reader)
+        assert headers["Transfer-Encoding"] == "chunked" and body == b"one,two"
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")  # still usable
+        assert (await read_answer(reader))[2] == b"path=/echo q="
+        writer.close()
+
+    run(scenario)
+
+
+def test_expect_100_continue() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(
+            port,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n",
+        )
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 (Continue)\r\n\r\n"
+        writer.write(b"body")
+        assert (await read_answer(reader))[2] == b"got body"
+        writer.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"GET /echo HTTP/2.0\r\nHost: x\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"GARBAGE\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+    ],
+    ids=["version", "header", "line", "too-long"],
+)
+def test_malformed_requests_get_400_and_the_server_serves_on(
+    sent: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(port, sent)
+        assert await reader.read() == b"HTTP/1.1 400 Bad Request\r\n\r\n"
+        writer.close()
+        reader, writer = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_answer(reader))[2] == b"path=/echo q="
+        writer.close()
+
+    with caplog.at_level(logging.INFO, logger="tornado.general"):
+        run(scenario, max_body_size=1000)
+    assert "Malformed HTTP message from 127.0.0.1" in caplog.text
+
+
+def test_oversize_headers_close_without_an_answer() -> None:
+    async def scenario(port: int) -> None:
+        for sent in (
+            b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 3000 + b"\r\n\r\n",  # complete
+            b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * 3000,  # still coming
+        ):
+            reader, writer = await exchange(port, sent)
+            assert await reader.read() == b""
+            writer.close()
+
+    run(scenario, max_header_size=1024)
+
+
+def test_idle_connections_are_closed() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        await read_answer(reader)
+        started = asyncio.get_running_loop().time()
+        assert await reader.read() == b""
+        assert asyncio.get_running_loop().time() - started < 2
+        writer.close()
+
+    run(scenario, idle_timeout_secs=0.3)
+
+
+def test_a_body_that_stops_coming_is_cut_off(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(
+            port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"
+        )
+        assert await reader.read() == b""
+        writer.close()
+
+    with caplog.at_level(logging.INFO, logger="tornado.general"):
+        run(scenario, body_timeout_secs=0.2)
+    assert "Timeout reading body from 127.0.0.1" in caplog.text
+
+
+def test_an_answer_written_from_a_view_arrives_as_it_was() -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(port, b"GET /views HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.2)  # the kernel's buffers fill; the rest waits in the transport
+        _, _, body = await read_answer(reader)
+        assert len(body) == BIG and body.count(b"a") == BIG
+        writer.close()
+
+    run(scenario)
+
+
+def test_a_client_gone_while_its_answer_is_made_is_told_to_the_handler() -> None:
+    async def scenario(port: int) -> None:
+        _Hang.closed = asyncio.Event()
+        _, writer = await exchange(port, b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.wait_for(_Hang.closed.wait(), 5)
+
+    run(scenario)
+
+
+def test_closing_all_connections() -> None:
+    async def main() -> None:
+        async with serving() as (http, port):
+            reader, writer = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            await read_answer(reader)
+            assert len(http.connections) == 1
+            await asyncio.wait_for(http.close_all_connections(), 5)
+            assert not http.connections
+            assert await reader.read() == b""
+            writer.close()
+
+    event_loop.run(main())
