@@ -29,7 +29,7 @@ from tornado.log import access_log, gen_log
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import log
-from server.http.connection import Exchange
+from server.http.exchange import Exchange
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.protocol import binary, rest_codec
@@ -260,26 +260,26 @@ class InferExchange(httputil.HTTPMessageDelegate):
 
     async def _write_response(self, encoded: rest_codec.EncodedResponse) -> None:
         if encoded.binary:
-            headers = self._response_headers("application/octet-stream")
-            headers["Inference-Header-Content-Length"] = str(len(encoded.header))
+            fields = self._response_fields("application/octet-stream")
+            fields.append(("Inference-Header-Content-Length", str(len(encoded.header))))
         else:
-            headers = self._response_headers("application/json")
+            fields = self._response_fields("application/json")
         parts: list[memoryview | bytes] = [encoded.header, *encoded.blobs]
         compression = http_body.choose_response_encoding(self._headers.get("Accept-Encoding"))
         if compression is not None:
-            headers["Content-Encoding"] = compression
+            fields.append(("Content-Encoding", compression))
             # zlib releases the GIL: deflate off the event loop.
             # run_in_thread: the parts may view the request buffer, released once this returns.
             compressed = await run_in_thread(None, http_body.compress, parts, compression)
-            self._answer(_OK, headers, compressed)
+            self._answer(200, "OK", fields, compressed)
             return
         if encoded.size <= _SMALL_RESPONSE:
-            self._answer(_OK, headers, b"".join(parts))
+            self._answer(200, "OK", fields, b"".join(parts))
             return
-        headers["Content-Length"] = str(encoded.size)
+        fields.append(("Content-Length", str(encoded.size)))
         self._headers_written = True
         connection = self._connection
-        await connection.write_headers(_OK, headers, encoded.header)
+        await connection.write_headers(_OK, httputil.HTTPHeaders(dict(fields)), encoded.header)
         for blob in encoded.blobs:
             # The blob must stay unchanged until the write completes: hence the await.
             await connection.write(blob)
@@ -287,25 +287,23 @@ class InferExchange(httputil.HTTPMessageDelegate):
 
     # --- answering ------------------------------------------------------------------------
 
-    def _response_headers(self, content_type: str) -> httputil.HTTPHeaders:
+    def _response_fields(self, content_type: str) -> list[tuple[str, str]]:
         """The headers every answer starts with, in the order Tornado's handlers send them."""
-        return httputil.HTTPHeaders(
-            {"Content-Type": content_type, "Date": self._service.date()}
-        )
+        return [("Content-Type", content_type), ("Date", self._service.date())]
 
     def _answer(
         self,
-        start_line: httputil.ResponseStartLine,
-        headers: httputil.HTTPHeaders,
+        code: int,
+        reason: str,
+        fields: list[tuple[str, str]],
         body: bytes,
         finish: bool = True,
     ) -> None:
         """Write a whole answer; ``finish=False`` leaves the request open (its body is still
         to be read)."""
-        headers["Content-Length"] = str(len(body))
-        self._status = start_line.code
+        self._status = code
         self._headers_written = True
-        self._connection.write_headers(start_line, headers, body)
+        self._connection.write_answer(code, reason, fields, body)
         if finish:
             self._end()
 
@@ -323,14 +321,11 @@ class InferExchange(httputil.HTTPMessageDelegate):
             # Too late for a status: end the connection so the client sees a broken response.
             self._connection.close()
             return
-        headers = self._response_headers("application/json")
-        for name, value in (extra or {}).items():
-            headers[name] = value
+        fields = self._response_fields("application/json")
+        fields.extend((extra or {}).items())
         status = error.http_status
-        start_line = httputil.ResponseStartLine(
-            "HTTP/1.1", status, responses.get(status, "Unknown")
-        )
-        self._answer(start_line, headers, orjson.dumps({"error": error.message}), finish)
+        body = orjson.dumps({"error": error.message})
+        self._answer(status, responses.get(status, "Unknown"), fields, body, finish)
 
     def _end(self) -> None:
         self._finished = True

@@ -16,7 +16,7 @@ from server import restricted
 from server.errors import InferenceServerError
 from server.http import categories
 from server.http.base import BaseHandler, NotFoundHandler, RefusedHandler
-from server.http.connection import Exchange
+from server.http.exchange import Exchange
 from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
 from server.http.logging_settings import LoggingHandler
 from server.http.metadata import (

@@ -44,10 +44,11 @@ class Outbox:
         return None
 
     def copy_bytes(self, arrays: list[np.ndarray | None]) -> int:
-        """How many bytes ``pack`` will copy for these tensors (those not in the arena): the
-        size that decides whether packing runs off the event loop."""
+        """How many bytes ``pack`` will copy for these tensors (small ones, inlined, and those
+        not in the arena): the size that decides whether packing runs off the event loop."""
         return sum(
-            a.nbytes for a in arrays if a is not None and self.offset_of(a) is None
+            a.nbytes for a in arrays
+            if a is not None and (a.nbytes <= INLINE_BYTES or self.offset_of(a) is None)
         )
 
     def store(self, data: np.ndarray) -> int | None:

@@ -20,8 +20,8 @@ from tornado.netutil import bind_sockets
 
 from server import event_loop
 from server.errors import NotFound
-from server.http.connection import Exchange
 from server.http.endpoint import service as http_service
+from server.http.exchange import Exchange
 from server.http.infer import INFER_PATH, InferExchange, InferService
 from server.http.listener import Listener
 from server.http.server import Routes
