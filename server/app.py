@@ -11,7 +11,7 @@ from backends.base import Backend
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from backends.python.backend import PythonBackend
 from backends.python.server_link import LINK, ServerCalls
-from server import restricted, tls
+from server import heap, restricted, tls
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
@@ -114,6 +114,7 @@ async def serve(settings: Settings) -> int:
     if grpc_server is not None:
         await grpc_server.start()
         log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, grpc_server.port)
+    heap.settle()
     poller = (
         asyncio.create_task(poll_repository(repository, settings.repository_poll_secs))
         if settings.model_control_mode == "poll"

@@ -206,6 +206,7 @@ class HttpConnection(asyncio.Protocol):
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
             exchange.connection_lost()
+            exchange.release()
         self.service.delegate.on_close(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -350,6 +351,7 @@ class HttpConnection(asyncio.Protocol):
         if self.exchange is not exchange:
             return
         self.exchange = None
+        exchange.release()
         if exchange.disconnect_on_finish:
             self.close()
             return

@@ -113,6 +113,13 @@ class Exchange(httputil.HTTPConnection):
             callback, self._close_callback = self._close_callback, None
             callback()
 
+    def release(self) -> None:
+        """Forget the delegate and the close callback once the answer is written (or the
+        client gone): they refer back to this exchange, and the cycle left each request's
+        objects (17 of them, its task and coroutine included) to the garbage collector."""
+        self.delegate = None
+        self._close_callback = None
+
     def _body_timed_out(self) -> None:
         self._body_timer = None
         gen_log.info("Timeout reading body from %s", self.context)

@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from server import heap
 from server.app import (
     build_repository,
     connect_models,
@@ -64,6 +65,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         else None
     )
     dataplane.set_live(True)
+    heap.settle()
     child.report_ready(info)
 
     await shutdown.requested.wait()

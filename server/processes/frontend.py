@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from server import restricted, tls
+from server import heap, restricted, tls
 from server.event_loop import run
 from server.grpc.server import GrpcServer
 from server.http.endpoint import start_http
@@ -54,6 +54,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         http_server = start_http(settings, client, pool, [socket.socket(fileno=info.http_fd)])
     if grpc_server is not None:
         await grpc_server.start()
+    heap.settle()
     child.report_ready(info)
 
     await shutdown.requested.wait()
