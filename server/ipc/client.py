@@ -246,17 +246,26 @@ class ExecutorClient:
         return self._response(reply)
 
     async def _abandon(self, call_id: int) -> None:
-        """Tell the executor to drop request ``call_id`` and wait for its final answer."""
+        """Tell the executor to drop request ``call_id`` and wait for its final answer, also
+        through further cancellations: until it comes the executor may be reading the
+        request's blocks (and the HTTP body the caller holds), which must not be reused
+        before. It comes soon (a dropped request is answered at once), or the executor is
+        gone and ``_on_lost`` fails the future."""
         future = self._pending.get(call_id)
         if future is None or self._channel is None:
             return
         self._channel.send(m.Cancel(call_id))
-        try:
-            reply = await asyncio.shield(future)
-        except (InferenceServerError, asyncio.CancelledError):
-            return
-        if isinstance(reply, m.Done):
-            self._release_outputs(reply)
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                continue
+            except InferenceServerError:
+                return
+        if not future.cancelled() and future.exception() is None:
+            reply = future.result()
+            if isinstance(reply, m.Done):
+                self._release_outputs(reply)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
         """``infer`` answered by a stream of replies (``Streamed``). The arena blocks of the

@@ -213,6 +213,40 @@ def test_a_cancelled_request_never_runs_and_its_blocks_are_freed(models: Path) -
     run(models, body)
 
 
+def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answered(
+    models: Path,
+) -> None:
+    """A second cancellation while the front end waits for the executor's final answer to a
+    dropped request does not end the wait: the blocks (which the executor may be reading)
+    are freed only once that answer is in."""
+    async def body(seam: Seam) -> None:
+        served = seam.dataplane._repository.version("ident", "")
+        assert served.scheduler is not None
+        gate = asyncio.Event()
+        real = served.scheduler.execute
+
+        async def slow(job: Any) -> Any:
+            await gate.wait()
+            return await real(job)
+
+        served.scheduler.execute = slow  # type: ignore[method-assign]
+        data = np.ones((4, 65536), dtype=np.float32)
+        task = asyncio.create_task(seam.client.infer(ident_request(4, 65536, data)))
+        await asyncio.sleep(0.1)
+        waiting_at_the_end: list[int] = []
+        task.add_done_callback(lambda _: waiting_at_the_end.append(len(seam.client._pending)))
+        task.cancel()
+        await asyncio.sleep(0)  # it has sent Cancel and waits for the final answer
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert waiting_at_the_end == [0]  # it ended only after the executor's answer
+        assert seam.pool.bytes_in_use == 0
+        gate.set()
+        assert (await seam.client.infer(add_sub_request())).outputs
+    run(models, body)
+
+
 def test_executor_gone_fails_pending_requests_at_once(models: Path) -> None:
     async def body(seam: Seam) -> None:
         served = seam.dataplane._repository.version("simple", "")
