@@ -242,7 +242,10 @@ class DataPlane:
             prepared = validate(request, spec)
             prepared_at = time.perf_counter_ns()
             counts = classification.class_counts(request)
-            digest = await self._cache_key(served, request, prepared.output_names, counts)
+            digest = (
+                None if self.response_cache is None
+                else await self._cache_key(served, request, prepared.output_names, counts)
+            )
             if digest is not None:
                 cached = self._lookup(digest)
                 looked_up = time.perf_counter_ns()
