@@ -94,6 +94,13 @@ class BodyReceiver:
         buffer.view[self.received : end] = chunk
         self.received = end
 
+    def space(self) -> memoryview:
+        """Where the rest of a body of known length goes (``BodySink``: read into in place)."""
+        return self._require().view[self.received :]
+
+    def filled(self, nbytes: int) -> None:
+        self.received += nbytes
+
     def _grow(self, needed: int) -> PooledBuffer:
         old = self._require()
         size = max(needed, 2 * old.capacity)

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\n\r\n"
 #: Pipelined events queued beyond this many pause reading from the socket.
 _QUEUE_PAUSE = 64
+#: What one read takes at most while requests are parsed.
+_READ_BYTES = 1 << 16
+#: A body with at least this much still to come is read straight into its delegate's buffer.
+DIRECT_BODY_BYTES = 1 << 16
 
 
 class _InputError(Exception):
@@ -98,8 +102,13 @@ class HttpService:
             await connection.closed
 
 
-class HttpConnection(asyncio.Protocol):
-    """One client connection: its parser, its timers, and the request being served."""
+class HttpConnection(asyncio.BufferedProtocol):
+    """One client connection: its parser, its timers, and the request being served.
+
+    Reads land in one buffer of the connection and are parsed from there, except the rest of
+    a large body whose delegate gave the buffer it keeps the body in (``Exchange.receive_into``):
+    then the socket is read straight into that buffer (an infer request's, in the front end's
+    arena), and the parser, which has not seen those bytes, is replaced after the body."""
 
     def __init__(self, service: HttpService, address: Any) -> None:
         self.service = service
@@ -108,6 +117,8 @@ class HttpConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
+        self._read_buffer = memoryview(bytearray(_READ_BYTES))
+        self._direct: Exchange | None = None  # reading the rest of its body into its buffer
         # the request line and headers being parsed
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
@@ -136,7 +147,39 @@ class HttpConnection(asyncio.Protocol):
         self.service.connections.add(self)
         self._arm_idle_timer(self.service.idle_timeout_secs)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            if direct.body_to_come():
+                return direct.body_space()
+            # The delegate let go of its buffer mid-body: it is closing the connection.
+            self._direct = None
+            self.fail()
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        direct = self._direct
+        if direct is not None:
+            if direct.body_filled(nbytes):
+                self._direct = None
+                self._parser = httptools.HttpRequestParser(self)
+                self._reading_headers = True
+                self._header_bytes = 0
+                self._event(self._end, ())
+            return
+        self._parse(self._read_buffer[:nbytes])
+        exchange = self.exchange
+        if (
+            exchange is not None
+            and not self._reading_headers
+            and not self._dead
+            and not self._waiting
+            and not self._queue
+            and exchange.body_to_come() >= DIRECT_BODY_BYTES
+        ):
+            self._direct = exchange
+
+    def _parse(self, data: memoryview) -> None:
         if self._dead:
             return
         if self._reading_headers:
@@ -204,6 +247,7 @@ class HttpConnection(asyncio.Protocol):
                 waiter.exception()
         self._write_waiters = []
         exchange, self.exchange = self.exchange, None
+        self._direct = None
         if exchange is not None:
             exchange.connection_lost()
             exchange.release()
@@ -351,6 +395,7 @@ class HttpConnection(asyncio.Protocol):
         if self.exchange is not exchange:
             return
         self.exchange = None
+        self._direct = None
         exchange.release()
         if exchange.disconnect_on_finish:
             self.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tornado import httputil
 from tornado.log import app_log, gen_log
@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 
 _CR_OR_LF = re.compile(b"\r|\n")
 _CONTINUE = b"HTTP/1.1 100 (Continue)\r\n\r\n"
+
+
+class BodySink(Protocol):
+    """A delegate's buffer for a body of known length, filled in place."""
+
+    def space(self) -> memoryview:
+        """The part of the buffer the body's next bytes go to (not empty until it is full)."""
+
+    def filled(self, nbytes: int) -> None:
+        """``nbytes`` more bytes of the body were written at the start of ``space()``."""
 
 
 class Exchange(httputil.HTTPConnection):
@@ -39,6 +49,8 @@ class Exchange(httputil.HTTPConnection):
         self._body_timeout: float | None = service.body_timeout_secs
         self._body_timer: asyncio.TimerHandle | None = None
         self._received = 0
+        self._length: int | None = None  # Content-Length, once the headers are delivered
+        self._sink: BodySink | None = None
         self.disconnect_on_finish = not _can_keep_alive(start_line, headers)
         self.read_finished = False
         self.write_finished = False
@@ -80,6 +92,7 @@ class Exchange(httputil.HTTPConnection):
             if size > self.max_body_size:
                 self._input_error("Content-Length too long")
                 return
+            self._length = size
         if self._body_timeout is not None and (
             length not in (None, "0") or "Transfer-Encoding" in headers
         ):
@@ -95,6 +108,28 @@ class Exchange(httputil.HTTPConnection):
         if self.write_finished or self.delegate is None:
             return None  # answered already: the rest of the body is dropped
         return self.call(self.delegate.data_received, chunk)
+
+    def receive_into(self, sink: BodySink | None) -> None:
+        """The delegate keeps this request's body in ``sink`` (None: no longer): what is left of
+        a large body is then read into it directly, without ``data_received`` calls."""
+        self._sink = sink
+
+    def body_to_come(self) -> int:
+        """Bytes of the body still to be read straight into the sink (0: none, or no sink)."""
+        if self._sink is None or self._length is None or self.write_finished:
+            return 0
+        return self._length - self._received
+
+    def body_space(self) -> memoryview:
+        assert self._sink is not None and self._length is not None
+        return self._sink.space()[: self._length - self._received]
+
+    def body_filled(self, nbytes: int) -> bool:
+        """``nbytes`` were read into ``body_space()``; whether the body is complete."""
+        assert self._sink is not None and self._length is not None
+        self._received += nbytes
+        self._sink.filled(nbytes)
+        return self._received >= self._length
 
     def read_done(self) -> None:
         self._stop_body_timer()
@@ -119,6 +154,7 @@ class Exchange(httputil.HTTPConnection):
         objects (17 of them, its task and coroutine included) to the garbage collector."""
         self.delegate = None
         self._close_callback = None
+        self._sink = None
 
     def _body_timed_out(self) -> None:
         self._body_timer = None

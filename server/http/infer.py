@@ -166,6 +166,8 @@ class InferExchange(httputil.HTTPMessageDelegate):
         self._receiver = http_body.BodyReceiver(
             self._service.pool, limit, length, self._service.max_inflight_bytes
         )
+        if length is not None:  # the rest of a large body is read straight into the buffer
+            self._connection.receive_into(self._receiver)
 
     def data_received(self, chunk: bytes) -> None:
         if self._receiver is None:
@@ -210,6 +212,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
 
     def _release(self) -> None:
         if self._receiver is not None:
+            self._connection.receive_into(None)
             self._receiver.release()
             self._receiver = None
 

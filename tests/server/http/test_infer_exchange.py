@@ -245,6 +245,9 @@ class _Connection:
     def set_body_timeout(self, timeout: float | None) -> None:
         pass
 
+    def receive_into(self, sink: object) -> None:
+        pass
+
     def write_headers(self, *args: Any) -> None:
         raise AssertionError("nobody is left to answer")
 
@@ -332,6 +335,49 @@ def test_answered_requests_leave_nothing_for_the_garbage_collector() -> None:
             gc.set_debug(0)
             gc.garbage.clear()
         assert not kinds & {"InferExchange", "Exchange", "_Dispatch", "Task"}, kinds
+        writer.close()
+
+    run(scenario)
+
+
+def test_the_rest_of_a_large_body_is_read_into_its_buffer_and_the_connection_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body with 64 KiB or more still to come after its first bytes is read by the socket
+    straight into the request's buffer (``Exchange.body_filled``, not ``data_received``); the
+    answer is right, and the next request on the connection (a fresh parser) is served."""
+    filled: list[int] = []
+    real = Exchange.body_filled
+
+    def counting(self: Exchange, nbytes: int) -> bool:
+        filled.append(nbytes)
+        return real(self, nbytes)
+
+    monkeypatch.setattr(Exchange, "body_filled", counting)
+
+    async def scenario(served: Served) -> None:
+        header = json.dumps(
+            {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [4],
+                         "parameters": {"binary_data_size": 16}}],
+             "parameters": {"binary_data_output": True}}
+        ).encode() + b" " * 200_000  # padding: JSON allows it
+        body = header + DATA
+        head = (
+            f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
+        ).encode()
+        reader, writer = await served.connect()
+        writer.write(head + body[:100])
+        await asyncio.sleep(0.05)  # headers and the first bytes are parsed
+        writer.write(body[100:])
+        status, headers, answer = await read_answer(reader)
+        assert status == 200, answer
+        length = int(headers["Inference-Header-Content-Length"])
+        assert answer[length:] == DATA
+        assert sum(filled) == len(body) - 100
+        writer.write(infer_request())
+        status, _, answer = await read_answer(reader)
+        assert status == 200 and answer.endswith(DATA), answer
         writer.close()
 
     run(scenario)
