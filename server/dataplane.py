@@ -269,7 +269,8 @@ class DataPlane:
             for name in prepared.output_names:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
-                output = OutputTensor(name, declared.datatype, tuple(data.shape), data)
+                datatype = datatypes.of_output(data, declared.datatype)
+                output = OutputTensor(name, datatype, tuple(data.shape), data)
                 outputs.append(
                     classification.classify(
                         output, counts.get(name, 0), spec.batching, declared.labels

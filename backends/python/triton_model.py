@@ -205,7 +205,7 @@ class TritonModelInstance(ModelInstance):
                         f"response has {sorted(tensors)})"
                     )
                 outputs[name] = checked_output(
-                    self._source.model, name, self._host(tensor), self._outputs.get(name)
+                    self._source.model, name, self._host(tensor), self._outputs.get(name), True
                 )
         except InternalError as exc:
             return exc
@@ -228,7 +228,8 @@ class TritonModelInstance(ModelInstance):
         try:
             return {
                 name: checked_output(
-                    self._source.model, name, self._host(tensors[name]), self._outputs.get(name)
+                    self._source.model, name, self._host(tensors[name]),
+                    self._outputs.get(name), True,
                 )
                 for name in request.output_names
                 if name in tensors

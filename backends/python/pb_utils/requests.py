@@ -37,6 +37,12 @@ def _never() -> bool:
     return False
 
 
+def _text(value: str | bytes) -> str:
+    """A name given as ``str`` or as UTF-8 ``bytes``, as Triton's bindings take both (a model
+    often passes an element of a BYTES input, which is ``bytes``, as a model name)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class InferenceRequest:
     """A request: one client's, handed to ``execute``, or (later) one a model sends."""
 
@@ -44,10 +50,10 @@ class InferenceRequest:
         self,
         *,
         inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        requested_output_names: Sequence[str | bytes] = (),
+        model_name: str | bytes = "",
         model_version: int = -1,
-        request_id: str = "",
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
         flags: int = 0,
         timeout: int = 0,
@@ -56,10 +62,10 @@ class InferenceRequest:
         trace: Any = None,
     ) -> None:
         self._inputs = list(inputs)
-        self._output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._output_names = [_text(name) for name in requested_output_names]
+        self._model_name = _text(model_name)
         self._model_version = model_version
-        self._request_id = request_id
+        self._request_id = _text(request_id)
         self._correlation_id = correlation_id
         self._flags = flags
         self._timeout = timeout

@@ -127,7 +127,9 @@ class TritonPythonModel:
 # BLS: the request parameter "target" names the model to call with IN (its OUT comes back as
 # ours, its error as ours); "mode" = "stream" calls square_int32 decoupled with IN[0] and
 # answers the values it sent, "control" reports is_model_ready around an unload and a load of
-# the target. One instance: a call to itself must not hang.
+# the target; "bytes_name" names the target as bytes (an element of a BYTES input is), "wide"
+# answers OUT as INT64 although the config says INT32 (Triton sends what the model made).
+# One instance: a call to itself must not hang.
 BLS_CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -141,8 +143,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def answer(values):
-    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(values, np.int32))])
+def answer(values, dtype=np.int32):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(values, dtype))])
 
 
 class TritonPythonModel:
@@ -173,7 +175,8 @@ class TritonPythonModel:
                 responses.append(answer(values))
                 continue
             call = pb_utils.InferenceRequest(
-                model_name=target, requested_output_names=["OUT"],
+                model_name=target.encode() if mode == "bytes_name" else target,
+                requested_output_names=["OUT"],
                 inputs=[pb_utils.Tensor("IN", x)], request_id="from-bls",
             )
             reply = AWAIT call.EXEC()
@@ -182,7 +185,8 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(reply.error().message(), reply.error().code())
                 ))
                 continue
-            responses.append(answer(pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()))
+            out = pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()
+            responses.append(answer(out, np.int64 if mode == "wide" else np.int32))
         return responses
 """
 

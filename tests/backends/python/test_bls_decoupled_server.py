@@ -100,6 +100,32 @@ def test_bls_errors_are_the_targets_with_tritons_texts(server: ServerProcess, mo
 
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_a_target_named_by_bytes_is_found(server: ServerProcess, model: str) -> None:
+    # NVIDIA's BLS example passes an element of a BYTES input (bytes) as the model name
+    assert _bls(server, model, [4], mode="bytes_name").tolist() == [8]
+
+
+def test_an_output_of_another_datatype_goes_out_as_the_model_made_it(
+    server: ServerProcess,
+) -> None:
+    # the config says INT32; Triton sends a python model's INT64 tensor as INT64
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        by_grpc = grpc.infer("bls", [_input("IN", [1, 2])], parameters={"mode": "wide"})
+        tensor = httpclient.InferInput("IN", [2], "INT32")
+        tensor.set_data_from_numpy(np.array([3, 4], np.int32), binary_data=False)
+        by_http = http.infer("bls", [tensor], parameters={"mode": "wide"})
+    finally:
+        grpc.close()
+        http.close()
+    assert by_grpc.get_output("OUT").datatype == "INT64"
+    assert by_grpc.as_numpy("OUT").tolist() == [2, 4]
+    assert by_http.get_output("OUT")["datatype"] == "INT64"
+    assert by_http.as_numpy("OUT").tolist() == [6, 8]
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_a_single_instance_calling_itself_is_refused_at_once(
     server: ServerProcess, model: str
 ) -> None:

@@ -224,19 +224,23 @@ def test_outputs_are_checked_per_request(tmp_path: Path) -> None:
     class TritonPythonModel:
         def execute(self, requests):
             return [
-                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.float32))]),
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.complex64))]),
                 pb_utils.InferenceResponse([]),
                 pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.int32))]),
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.float32))]),
             ]
     """
     instance = _load(tmp_path, code)
     try:
-        wrong_type, missing, good = instance.execute_requests([_request([1])] * 3)
+        no_datatype, missing, good, other = instance.execute_requests([_request([1])] * 4)
     finally:
         instance.close()
-    assert isinstance(wrong_type, InternalError) and "declares TYPE_INT32" in wrong_type.message
+    assert isinstance(no_datatype, InternalError)
+    assert "has dtype complex64, but the configuration declares TYPE_INT32" in no_datatype.message
     assert isinstance(missing, InternalError) and "returned no output 'OUT'" in missing.message
     assert isinstance(good, dict)
+    # another V2 datatype than the configured one goes out as it is, as Triton sends it
+    assert isinstance(other, dict) and other["OUT"].dtype == np.float32
 
 
 def test_a_failing_initialize_fails_the_load(tmp_path: Path) -> None:
