@@ -152,10 +152,14 @@ class TritonModelInstance(ModelInstance):
             senders.append(sender)
         return senders
 
-    def _call(self, method: Callable[..., object], *args: object) -> object:
+    def _call(
+        self, method: Callable[..., object], *args: object, setting_up: bool = False
+    ) -> object:
         result = method(*args)
         if not inspect.isawaitable(result):
             return result
+        if setting_up:
+            return self._coroutines.run(_setting_up(result))
         return self._coroutines.run(self._as_caller(result))
 
     async def _as_caller(self, awaitable: Awaitable[object]) -> object:
@@ -270,12 +274,20 @@ class TritonModelInstance(ModelInstance):
         finalize = getattr(self._model, "finalize", None)
         try:
             if callable(finalize):
-                self._call(finalize)
+                with LINK.setting_up():
+                    self._call(finalize, setting_up=True)
         except (Exception, SystemExit, KeyboardInterrupt):
             log.exception("model '%s': finalize failed", self._source.model)
         finally:
             self._coroutines.close()
             forget_module(self._module)
+
+
+async def _setting_up(awaitable: Awaitable[object]) -> object:
+    """An async ``initialize`` or ``finalize`` on the model's loop thread, where BLS is
+    refused."""
+    with LINK.setting_up():
+        return await awaitable
 
 
 def load(
@@ -292,9 +304,10 @@ def load(
         model = cls()
         initialize = getattr(model, "initialize", None)
         if callable(initialize):
-            result = initialize(initialize_args(source.path, config, placement))
+            with LINK.setting_up():
+                result = initialize(initialize_args(source.path, config, placement))
             if inspect.isawaitable(result):
-                coroutines.run(result)
+                coroutines.run(_setting_up(result))
     except InferenceServerError:
         coroutines.close()
         raise

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.python.pb_utils.errors import TritonError
+from backends.python.pb_utils.errors import TritonError, TritonModelException
 from backends.python.pb_utils.tensor import Tensor
 from backends.python.server_link import LINK
 from server import errors
@@ -66,6 +66,12 @@ def self_call_refused(model: str) -> errors.Unavailable:
         f"BLS request to model '{model}' refused: it comes from that model's only instance, "
         "which would wait for itself forever (give the model more instances)"
     )
+
+
+def check_allowed() -> None:
+    """Triton refuses BLS requests made from ``initialize`` or ``finalize`` (it raises)."""
+    if not LINK.bls_allowed():
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
 def server_request(request: InferenceRequest) -> InferRequest:

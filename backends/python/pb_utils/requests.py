@@ -156,11 +156,13 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on the server (BLS) and wait: an ``InferenceResponse``, or with
-        ``decoupled`` a generator of them."""
+        ``decoupled`` a generator of them. Refused in ``initialize`` and ``finalize``."""
+        bls.check_allowed()
         return bls.stream(self) if decoupled else bls.execute(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` awaited: the model's loop serves other coroutines meanwhile."""
+        bls.check_allowed()
         if decoupled:
             return await bls.stream_async(self)
         return await bls.execute_async(self)

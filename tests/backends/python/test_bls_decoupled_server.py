@@ -6,6 +6,7 @@ finals only when asked, errors on the stream), and refused by HTTP and unary ``M
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Iterator
@@ -123,6 +124,38 @@ def test_an_output_of_another_datatype_goes_out_as_the_model_made_it(
     assert by_grpc.as_numpy("OUT").tolist() == [2, 4]
     assert by_http.get_output("OUT")["datatype"] == "INT64"
     assert by_http.as_numpy("OUT").tolist() == [6, 8]
+
+
+_BLS_IN_INITIALIZE = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.InferenceRequest(
+            model_name="double", requested_output_names=["OUT"],
+            inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+        ).exec()
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_bls_in_initialize_fails_the_load(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    config = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+    }
+    with pytest.raises(InferenceServerException) as failed:
+        client.load_model(
+            "bls_in_initialize", config=json.dumps(config),
+            files={"file:1/model.py": _BLS_IN_INITIALIZE.encode()},
+        )
+    assert "BLS is only supported during the 'execute' function." in str(failed.value)
+    assert _bls(server, "bls", [5]).tolist() == [10]  # and the others serve on
 
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])

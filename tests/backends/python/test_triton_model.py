@@ -256,6 +256,60 @@ def test_a_failing_initialize_fails_the_load(tmp_path: Path) -> None:
         _load(tmp_path, code)
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_bls_in_initialize_fails_the_load_with_tritons_text(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    code = f"""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        {"async " if asynchronous else ""}def initialize(self, args):
+            request = pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+            )
+            {"await request.async_exec()" if asynchronous else "request.exec()"}
+
+        def execute(self, requests):
+            return []
+    """
+    with pytest.raises(ModelLoadError) as failed:
+        _load(tmp_path, code)
+    assert (
+        "failed to initialize: TritonModelException: BLS is only supported during the "
+        "'execute' function." in failed.value.message
+    )
+
+
+def test_bls_in_finalize_is_refused(tmp_path: Path) -> None:
+    code = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    SEEN = {}
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return []
+
+        def finalize(self):
+            request = pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+            )
+            try:
+                request.exec(decoupled=True)
+            except pb_utils.TritonModelException as exc:
+                SEEN["refused"] = str(exc)
+    """
+    instance = _load(tmp_path, code)
+    module = instance._module  # type: ignore[attr-defined]
+    instance.close()
+    assert module.SEEN["refused"] == "BLS is only supported during the 'execute' function."
+
+
 def test_is_ready_must_answer_a_bool(tmp_path: Path) -> None:
     code = """
     class TritonPythonModel:
