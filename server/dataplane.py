@@ -43,6 +43,7 @@ from server.protocol.types import (
     InputTensor,
     OutputTensor,
     RequestedOutput,
+    response_parameters,
 )
 from server.protocol.validation import validate
 from server.repository.config import parse_json_config
@@ -314,6 +315,7 @@ class DataPlane:
             model_version=str(served.version),
             outputs=outputs,
             id=request.id,
+            parameters=response_parameters(results),
         )
 
     async def _cache_key(

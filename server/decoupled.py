@@ -22,7 +22,7 @@ from server.errors import InferenceServerError, InternalError, InvalidArgument, 
 from server.protocol import classification, datatypes
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.streaming import StreamReply
-from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.protocol.types import InferRequest, InferResponse, OutputTensor, response_parameters
 from server.protocol.validation import validate
 from server.repository.loader import ModelVersion
 from server.scheduling.job import Job
@@ -123,5 +123,7 @@ def _reply(
             outputs.append(
                 classification.classify(output, counts.get(name, 0), spec.batching, declared.labels)
             )
-    response = InferResponse(spec.name, str(served.version), outputs, request.id)
+    response = InferResponse(
+        spec.name, str(served.version), outputs, request.id, response_parameters(result)
+    )
     return StreamReply(response=response, final=final, model_version=str(served.version))

@@ -49,6 +49,7 @@ from server.errors import InferenceServerError, InternalError
 from server.generated import model_config_pb2 as mc
 from server.protocol.datatypes import DataType
 from server.protocol.proto_json import config_to_json
+from server.protocol.types import ModelOutputs
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class TritonModelInstance(ModelInstance):
                 )
         except InternalError as exc:
             return exc
-        return outputs
+        return ModelOutputs(outputs, response.parameter_dict())
 
     def _partial_answer(
         self, request: InstanceRequest, response: InferenceResponse
@@ -230,7 +231,7 @@ class TritonModelInstance(ModelInstance):
             return error.to_server_error()
         tensors = {tensor.name(): tensor for tensor in response.output_tensors()}
         try:
-            return {
+            outputs = {
                 name: checked_output(
                     self._source.model, name, self._host(tensors[name]),
                     self._outputs.get(name), True,
@@ -240,6 +241,7 @@ class TritonModelInstance(ModelInstance):
             }
         except InternalError as exc:
             return exc
+        return ModelOutputs(outputs, response.parameter_dict())
 
     def _host(self, tensor: Tensor) -> object:
         """A tensor's data in host memory (a GPU tensor copied, through CuPy)."""

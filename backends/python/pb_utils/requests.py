@@ -192,17 +192,9 @@ class InferenceResponse:
             raise TritonModelException(
                 f"InferenceResponse: error must be a TritonError, got {type(error).__name__}"
             )
-        params: dict[str, Any] = (
-            json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
-        )
-        for key, value in params.items():
-            if not isinstance(key, str) or not isinstance(value, bool | int | str):
-                raise TritonModelException(
-                    f"InferenceResponse: parameter {key!r} must have a bool, int or str value"
-                )
         self._tensors = tensors
         self._error = error
-        self._parameters = params
+        self._parameters = _response_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._tensors)
@@ -216,6 +208,32 @@ class InferenceResponse:
     def parameters(self) -> str:
         """The response parameters as a JSON object string."""
         return json.dumps(self._parameters)
+
+    def parameter_dict(self) -> dict[str, Any]:
+        """The response parameters as a dict (what ``parameters()`` prints)."""
+        return dict(self._parameters)
+
+
+def _response_parameters(parameters: object) -> dict[str, Any]:
+    """A response's parameters checked as Triton checks them (its texts): a dict of ``str``
+    keys and bool, int or str values (a JSON object string is taken too)."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters)
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type "
+                f"{type(value)}"
+            )
+    return dict(parameters)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

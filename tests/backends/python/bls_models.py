@@ -71,7 +71,8 @@ class TritonPythonModel:
         for thread in self.threads:
             thread.join()
 """
-# Decoupled: N responses of OUT = N for input N, sent from execute, then the final flag alone;
+# Decoupled: N responses of OUT = N for input N, each with the response parameter "left" (how
+# many follow), sent from execute, then the final flag alone;
 # a negative N is answered by one error response, flagged final (-2: execute raises).
 SQUARE_CONFIG = """name: "square_int32"
 backend: "python"
@@ -96,9 +97,10 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            for _ in range(n):
+            for i in range(n):
                 sender.send(pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("OUT", np.array([n], np.int32))]
+                    [pb_utils.Tensor("OUT", np.array([n], np.int32))],
+                    parameters={"left": n - i - 1},
                 ))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
@@ -128,7 +130,9 @@ class TritonPythonModel:
 # ours, its error as ours); "mode" = "stream" calls square_int32 decoupled with IN[0] and
 # answers the values it sent, "control" reports is_model_ready around an unload and a load of
 # the target; "bytes_name" names the target as bytes (an element of a BYTES input is), "wide"
-# answers OUT as INT64 although the config says INT32 (Triton sends what the model made).
+# answers OUT as INT64 although the config says INT32 (Triton sends what the model made);
+# "params" answers with response parameters, "forward" asks the target for them (mode "params")
+# and answers with the target's.
 # One instance: a call to itself must not hang.
 BLS_CONFIG = """name: "{name}"
 backend: "python"
@@ -143,8 +147,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def answer(values, dtype=np.int32):
-    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(values, dtype))])
+def answer(values, dtype=np.int32, parameters=None):
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor("OUT", np.array(values, dtype))], parameters=parameters
+    )
 
 
 class TritonPythonModel:
@@ -162,6 +168,9 @@ class TritonPythonModel:
                 pb_utils.load_model(target)
                 responses.append(answer([before, unloaded, pb_utils.is_model_ready(target)]))
                 continue
+            if mode == "params":
+                responses.append(answer(x, parameters={"bool": True, "int": 7, "str": "seven"}))
+                continue
             if mode == "stream":
                 call = pb_utils.InferenceRequest(
                     model_name="square_int32", requested_output_names=["OUT"],
@@ -178,6 +187,7 @@ class TritonPythonModel:
                 model_name=target.encode() if mode == "bytes_name" else target,
                 requested_output_names=["OUT"],
                 inputs=[pb_utils.Tensor("IN", x)], request_id="from-bls",
+                parameters={"mode": "params"} if mode == "forward" else {},
             )
             reply = AWAIT call.EXEC()
             if reply.has_error():
@@ -186,7 +196,9 @@ class TritonPythonModel:
                 ))
                 continue
             out = pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()
-            responses.append(answer(out, np.int64 if mode == "wide" else np.int32))
+            responses.append(answer(
+                out, np.int64 if mode == "wide" else np.int32, json.loads(reply.parameters())
+            ))
         return responses
 """
 

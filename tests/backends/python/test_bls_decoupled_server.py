@@ -158,6 +158,34 @@ def test_bls_in_initialize_fails_the_load(server: ServerProcess) -> None:
     assert _bls(server, "bls", [5]).tolist() == [10]  # and the others serve on
 
 
+def _grpc_parameters(result: Any) -> dict[str, Any]:
+    params = result.get_response().parameters
+    return {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in params.items()}
+
+
+def test_response_parameters_are_sent_back(server: ServerProcess) -> None:
+    expected = {"bool": True, "int": 7, "str": "seven"}
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        by_grpc = grpc.infer("bls", [_input("IN", [1])], parameters={"mode": "params"})
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        by_http = http.infer("bls", [tensor], parameters={"mode": "params"})
+        # a BLS caller reads its target's (bls_async answers mode "params"), and sends them on
+        forwarded = grpc.infer(
+            "bls", [_input("IN", [1])], parameters={"mode": "forward", "target": "bls_async"}
+        )
+        plain = grpc.infer("bls", [_input("IN", [1])])
+    finally:
+        grpc.close()
+        http.close()
+    assert _grpc_parameters(by_grpc) == expected
+    assert by_http.get_response()["parameters"] == expected
+    assert _grpc_parameters(forwarded) == expected
+    assert _grpc_parameters(plain) == {}
+
+
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_a_single_instance_calling_itself_is_refused_at_once(
     server: ServerProcess, model: str
@@ -261,10 +289,16 @@ def test_without_asking_no_empty_final_is_sent(stream: _Stream) -> None:
     items = stream.take(3)
     assert all(error is None for _, error in items), items
     by_id: dict[str, list[bool]] = {}
+    left: dict[str, list[int]] = {}
     for result, _ in items:
         by_id.setdefault(result.get_response().id, []).append(_final(result))
+        # each response's own parameters, beside the stream's triton_final_response
+        left.setdefault(result.get_response().id, []).append(
+            _grpc_parameters(result)["left"]
+        )
         assert result.as_numpy("OUT").tolist() in ([2], [1])
     assert by_id == {"s2": [False, False], "s1": [False]}
+    assert left == {"s2": [1, 0], "s1": [0]}
     with pytest.raises(queue.Empty):
         stream.items.get(timeout=0.5)
 
