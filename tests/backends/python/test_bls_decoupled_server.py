@@ -218,11 +218,30 @@ def test_a_busy_single_instance_calling_another_serves_every_request(
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_bls_decoupled_exec_yields_each_response(server: ServerProcess, model: str) -> None:
-    assert _bls(server, model, [3], mode="stream").tolist() == [3, 3, 3]
-    assert _bls(server, model, [0], mode="stream").tolist() == []
+    # as Triton's iterator: a flags-only final is the last, empty, response
+    assert _bls(server, model, [3], mode="stream").tolist() == [3, 3, 3, -1]
+    assert _bls(server, model, [0], mode="stream").tolist() == [-1]
     with pytest.raises(InferenceServerException, match="cannot send -1 responses"):
         _bls(server, model, [-1], mode="stream")
     assert _bls(server, model, [5]).tolist() == [10]  # and it serves on
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_bls_decoupled_exec_returns_at_the_first_response(
+    server: ServerProcess, model: str
+) -> None:
+    # Triton's exec / async_exec(decoupled=True) give the iterator once the first response
+    # is in, not after the last; each next() waits for one (two, then the final flag alone)
+    count, returned_ms, done_ms = _bls(server, model, [0], mode="first").tolist()
+    assert count == 3
+    assert returned_ms < done_ms - 500, (returned_ms, done_ms)
+
+
+def test_a_bls_decoupled_call_can_be_cancelled(server: ServerProcess) -> None:
+    seen, took_ms = _bls(server, "bls", [0], mode="cancel").tolist()
+    # the first response, then the cancellation's error; not the one a second later
+    assert seen == 2 and took_ms < 900, (seen, took_ms)
+    assert _bls(server, "bls", [5]).tolist() == [10]  # and it serves on
 
 
 def test_model_control_from_a_model(server: ServerProcess) -> None:
