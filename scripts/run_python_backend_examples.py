@@ -3,12 +3,16 @@
 Given a checkout of python_backend (``git clone`` it anywhere), this builds each example's
 model repository as the example's README says (the same copies, into a temporary folder),
 starts tensorgate on it, runs the example's own client scripts and prints one line per client
-and layout. The clients talk to ``localhost:8000`` (HTTP), ``8001`` (gRPC) and ``8002``
+and layout. With ``--server-checkout`` (a checkout of triton-inference-server/server) it also
+runs two of Triton's own python-model tests the same way, as their ``test.sh`` sets them up:
+``error_code`` (``qa/L0_backend_python/lifecycle``, ``test_error_code``) and
+``response_parameters`` (``qa/L0_backend_python/parameters``, every test). The clients talk to ``localhost:8000`` (HTTP), ``8001`` (gRPC) and ``8002``
 (metrics), which they do not let one change; so each run happens in a network namespace of
 its own (``unshare --net``, which needs root) where those ports are free, unless
 ``--host-network`` says to use the machine's own ports.
 
-    python scripts/run_python_backend_examples.py /path/to/python_backend
+    python scripts/run_python_backend_examples.py /path/to/python_backend \
+        [--server-checkout /path/to/server]
     python scripts/run_python_backend_examples.py /path/to/python_backend --layout split \
         --example decoupled
 
@@ -42,7 +46,7 @@ _CLIENT_S = 180.0
 @dataclass(frozen=True)
 class Model:
     """One model of an example's repository: ``model.py`` and its config (none: the example
-    relies on auto-complete), both relative to ``examples/``."""
+    relies on auto-complete), both relative to the example tree (``examples/``, ``qa/``)."""
 
     name: str
     code: str
@@ -51,6 +55,9 @@ class Model:
 
 @dataclass(frozen=True)
 class Example:
+    """Its models, and its clients: scripts run with python in their folder; one with
+    ``::`` is a pytest file and the test names it selects (``-k``)."""
+
     name: str
     models: tuple[Model, ...]
     clients: tuple[str, ...]
@@ -120,6 +127,24 @@ EXAMPLES = (
             ),
         ),
         ("custom_metrics/client.py",),
+    ),
+)
+
+
+def _qa_model(name: str) -> Model:
+    return Model(name, f"python_models/{name}/model.py", f"python_models/{name}/config.pbtxt")
+
+
+#: Triton's own tests of python models (server repository, ``qa/``).
+QA_TESTS = (
+    Example(
+        "error_code", (_qa_model("error_code"),),
+        ("L0_backend_python/lifecycle/lifecycle_test.py::test_error_code",),
+    ),
+    Example(
+        "response_parameters",
+        tuple(_qa_model(f"response_parameters{kind}") for kind in ("", "_decoupled", "_bls")),
+        ("L0_backend_python/parameters/response_parameters_test.py::test_",),
     ),
 )
 
@@ -196,13 +221,21 @@ def run_example(
 
 
 def _run_client(
-    script: Path, python: str, log_dir: Path, example: str, layout: str
+    client: Path, python: str, log_dir: Path, example: str, layout: str
 ) -> tuple[str, bool, str]:
-    name = f"{script.parent.name}/{script.name}"
+    script = Path(str(client).split("::")[0])
+    name = f"{script.parent.name}/{client.name}"
+    command, env = [python, str(script)], None
+    if "::" in str(client):
+        command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script),
+                   "-k", str(client).split("::")[1]]
+        # Their shared-memory leak probe reads the python backend's own regions (a compiled
+        # helper tensorgate has no use for); TEST_JETSON is their switch to skip it.
+        env = dict(os.environ, TEST_JETSON="1")
     try:
         done = subprocess.run(
-            [python, str(script)], capture_output=True, timeout=_CLIENT_S,
-            cwd=script.parent, check=False,
+            command, capture_output=True, timeout=_CLIENT_S, cwd=script.parent, check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return name, False, f"client ran over {_CLIENT_S:.0f} s"
@@ -221,8 +254,11 @@ def _importable(python: str, module: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkout", type=Path, help="a python_backend checkout")
+    parser.add_argument("--server-checkout", type=Path,
+                        help="a triton-inference-server/server checkout: run its qa tests too")
     parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both")
-    parser.add_argument("--example", action="append", choices=[e.name for e in EXAMPLES],
+    parser.add_argument("--example", action="append",
+                        choices=[e.name for e in (*EXAMPLES, *QA_TESTS)],
                         help="run only these (repeatable); default: all")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter for the server and the clients (needs tritonclient)")
@@ -241,16 +277,19 @@ def main(argv: list[str] | None = None) -> int:
     if not examples_dir.is_dir():
         parser.error(f"no examples/ in {args.checkout}")
     layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
-    chosen = [e for e in EXAMPLES if not args.example or e.name in args.example]
+    trees = [(examples_dir, e) for e in EXAMPLES]
+    if args.server_checkout is not None:
+        trees += [(args.server_checkout / "qa", e) for e in QA_TESTS]
+    chosen = [(tree, e) for tree, e in trees if not args.example or e.name in args.example]
     log_dir = args.logs or Path(tempfile.mkdtemp(prefix="pbx-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
-    for example in chosen:
+    for tree, example in chosen:
         missing = [m for m in example.needs if not _importable(args.python, m)]
         note = f" (without {', '.join(missing)})" if missing else ""
         for layout in layouts:
             for client, passed, last in run_example(
-                example, examples_dir, layout, args.python, log_dir
+                example, tree, layout, args.python, log_dir
             ):
                 failed += not passed
                 verdict = "PASS" if passed else "FAIL"
