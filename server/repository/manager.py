@@ -405,6 +405,8 @@ class ModelRepository:
             if name not in folders:
                 log.info("model '%s' removed from the repository: unloading", name)
                 await self.unload(name)
+        for name in [n for n in self._parked if n not in folders]:
+            del self._parked[name]  # an ensemble waiting for its models, gone itself
 
     async def close(self, wait_secs: float | None = None) -> None:
         """Release every model (server shutdown), waiting at most ``wait_secs`` for requests

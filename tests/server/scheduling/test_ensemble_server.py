@@ -339,6 +339,37 @@ def test_an_ensemble_is_unavailable_while_a_composing_model_is_unloaded(
     np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * _raw(3) + 11).astype(np.float32))
 
 
+def _wait_state(client: httpclient.InferenceServerClient, name: str, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while _state(client, name)[0] != state:
+        assert time.monotonic() < deadline, client.get_model_repository_index()
+        time.sleep(0.1)
+
+
+def test_poll_mode_a_removed_composing_model_takes_its_ensemble_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    root = build_repository(tmp_path / "models")
+    shutil.rmtree(root / "broken")
+    process = start_server(
+        root, args=("--model-control-mode=poll", "--repository-poll-secs=1")
+    )
+    try:
+        assert process.port is not None, process.log
+        client = httpclient.InferenceServerClient(process.url)
+        (root / "post").rename(tmp_path / "post")
+        _wait_state(client, "pipeline", "UNAVAILABLE")
+        assert client.is_model_ready("diamond") and client.is_server_ready()
+        (tmp_path / "post").rename(root / "post")
+        _wait_state(client, "pipeline", "READY")
+        result = _infer(client, httpclient, "pipeline", _raw(1), ["OUT"])
+        np.testing.assert_array_equal(
+            result.as_numpy("OUT"), (29 * _raw(1) + 11).astype(np.float32)
+        )
+    finally:
+        process.stop()
+
+
 def test_loading_every_model_loads_ensembles_after_composing_ones(tmp_path: Path) -> None:
     root = build_repository(tmp_path)
     shutil.rmtree(root / "broken")
