@@ -43,6 +43,7 @@ from server.protocol.types import (
     InputTensor,
     OutputTensor,
     RequestedOutput,
+    response_parameters,
 )
 from server.protocol.validation import validate
 from server.repository.config import parse_json_config
@@ -272,7 +273,8 @@ class DataPlane:
             for name in prepared.output_names:
                 declared = spec.outputs[name]
                 data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
-                output = OutputTensor(name, declared.datatype, tuple(data.shape), data)
+                datatype = datatypes.of_output(data, declared.datatype)
+                output = OutputTensor(name, datatype, tuple(data.shape), data)
                 outputs.append(
                     classification.classify(
                         output, counts.get(name, 0), spec.batching, declared.labels
@@ -316,6 +318,7 @@ class DataPlane:
             model_version=str(served.version),
             outputs=outputs,
             id=request.id,
+            parameters=response_parameters(results),
         )
 
     async def _cache_key(

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from server.errors import InferenceServerError, InternalError, InvalidArgument, failure_reason
-from server.protocol import classification
+from server.protocol import classification, datatypes
 from server.protocol.model_spec import ModelSpec, TensorSpec
 from server.protocol.streaming import StreamReply
-from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.protocol.types import InferRequest, InferResponse, OutputTensor, response_parameters
 from server.protocol.validation import validate
 from server.repository.loader import ModelVersion
 from server.scheduling.job import Job
@@ -118,9 +118,12 @@ def _reply(
         if name in result:
             declared = spec.outputs[name]
             data = client_shape(np.asarray(result[name]), declared, spec.batching, rows)
-            output = OutputTensor(name, declared.datatype, tuple(data.shape), data)
+            datatype = datatypes.of_output(data, declared.datatype)
+            output = OutputTensor(name, datatype, tuple(data.shape), data)
             outputs.append(
                 classification.classify(output, counts.get(name, 0), spec.batching, declared.labels)
             )
-    response = InferResponse(spec.name, str(served.version), outputs, request.id)
+    response = InferResponse(
+        spec.name, str(served.version), outputs, request.id, response_parameters(result)
+    )
     return StreamReply(response=response, final=final, model_version=str(served.version))

@@ -20,7 +20,7 @@ from backends.python.cuda import CudaPlacement
 from backends.python.loading import ModelSource, forget_module
 from server.cuda.copies import joined_on_host
 from server.errors import InferenceServerError, InternalError
-from server.protocol.datatypes import DataType
+from server.protocol.datatypes import DataType, of_dtype
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +124,10 @@ class PythonInstance(ModelInstance):
 
 
 def checked_output(
-    model: str, name: str, value: object, declared: DataType | None
+    model: str, name: str, value: object, declared: DataType | None, any_datatype: bool = False
 ) -> np.ndarray:
-    """``value`` as a numpy array of output ``name``'s configured datatype, or a 500."""
+    """``value`` as a numpy array of output ``name``'s configured datatype, or a 500; with
+    ``any_datatype`` (Triton's python models), of any datatype, as Triton sends those."""
     try:
         array = np.asarray(value)
     except Exception as exc:  # e.g. a CuPy array from a KIND_CPU instance
@@ -142,6 +143,11 @@ def checked_output(
             return array
     elif array.dtype == declared.dtype:
         return array
+    if any_datatype:
+        if array.dtype.kind in ("S", "U"):
+            return _object_bytes(array)
+        if of_dtype(array.dtype) is not None:
+            return array
     raise InternalError(
         f"model '{model}' output '{name}' has dtype {array.dtype}, but the configuration "
         f"declares {declared.config_name}"

@@ -90,6 +90,20 @@ class ServerLink:
         finally:
             self._local.caller = previous
 
+    @contextlib.contextmanager
+    def setting_up(self) -> Iterator[None]:
+        """Mark this thread as running a model's ``initialize`` or ``finalize``, where Triton
+        refuses BLS requests (``bls_allowed``)."""
+        previous = getattr(self._local, "setting_up", False)
+        self._local.setting_up = True
+        try:
+            yield
+        finally:
+            self._local.setting_up = previous
+
+    def bls_allowed(self) -> bool:
+        return not getattr(self._local, "setting_up", False)
+
     def current_caller(self) -> Caller | None:
         caller: Caller | None = getattr(self._local, "caller", None)
         return caller

@@ -49,6 +49,7 @@ from server.errors import InferenceServerError, InternalError
 from server.generated import model_config_pb2 as mc
 from server.protocol.datatypes import DataType
 from server.protocol.proto_json import config_to_json
+from server.protocol.types import ModelOutputs
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,14 @@ class TritonModelInstance(ModelInstance):
             senders.append(sender)
         return senders
 
-    def _call(self, method: Callable[..., object], *args: object) -> object:
+    def _call(
+        self, method: Callable[..., object], *args: object, setting_up: bool = False
+    ) -> object:
         result = method(*args)
         if not inspect.isawaitable(result):
             return result
+        if setting_up:
+            return self._coroutines.run(_setting_up(result))
         return self._coroutines.run(self._as_caller(result))
 
     async def _as_caller(self, awaitable: Awaitable[object]) -> object:
@@ -205,11 +210,11 @@ class TritonModelInstance(ModelInstance):
                         f"response has {sorted(tensors)})"
                     )
                 outputs[name] = checked_output(
-                    self._source.model, name, self._host(tensor), self._outputs.get(name)
+                    self._source.model, name, self._host(tensor), self._outputs.get(name), True
                 )
         except InternalError as exc:
             return exc
-        return outputs
+        return ModelOutputs(outputs, response.parameter_dict())
 
     def _partial_answer(
         self, request: InstanceRequest, response: InferenceResponse
@@ -226,15 +231,17 @@ class TritonModelInstance(ModelInstance):
             return error.to_server_error()
         tensors = {tensor.name(): tensor for tensor in response.output_tensors()}
         try:
-            return {
+            outputs = {
                 name: checked_output(
-                    self._source.model, name, self._host(tensors[name]), self._outputs.get(name)
+                    self._source.model, name, self._host(tensors[name]),
+                    self._outputs.get(name), True,
                 )
                 for name in request.output_names
                 if name in tensors
             }
         except InternalError as exc:
             return exc
+        return ModelOutputs(outputs, response.parameter_dict())
 
     def _host(self, tensor: Tensor) -> object:
         """A tensor's data in host memory (a GPU tensor copied, through CuPy)."""
@@ -269,12 +276,20 @@ class TritonModelInstance(ModelInstance):
         finalize = getattr(self._model, "finalize", None)
         try:
             if callable(finalize):
-                self._call(finalize)
+                with LINK.setting_up():
+                    self._call(finalize, setting_up=True)
         except (Exception, SystemExit, KeyboardInterrupt):
             log.exception("model '%s': finalize failed", self._source.model)
         finally:
             self._coroutines.close()
             forget_module(self._module)
+
+
+async def _setting_up(awaitable: Awaitable[object]) -> object:
+    """An async ``initialize`` or ``finalize`` on the model's loop thread, where BLS is
+    refused."""
+    with LINK.setting_up():
+        return await awaitable
 
 
 def load(
@@ -291,9 +306,10 @@ def load(
         model = cls()
         initialize = getattr(model, "initialize", None)
         if callable(initialize):
-            result = initialize(initialize_args(source.path, config, placement))
+            with LINK.setting_up():
+                result = initialize(initialize_args(source.path, config, placement))
             if inspect.isawaitable(result):
-                coroutines.run(result)
+                coroutines.run(_setting_up(result))
     except InferenceServerError:
         coroutines.close()
         raise

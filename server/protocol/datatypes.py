@@ -55,6 +55,7 @@ _ALL = (
 )
 
 BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
+_BY_DTYPE: dict[np.dtype, DataType] = {d.dtype: d for d in _ALL}
 _BY_CONFIG_ENUM: dict[int, DataType] = {mc.DataType.Value(d.config_name): d for d in _ALL}
 
 
@@ -74,3 +75,16 @@ def from_config_enum(value: int) -> DataType:
         name = mc.DataType.Name(value) if value in mc.DataType.values() else value
         raise InvalidArgument(f"unsupported model config datatype {name}")
     return found
+
+
+def of_output(array: np.ndarray, declared: DataType) -> DataType:
+    """The datatype an output goes out as: the configured one, unless the model answered
+    another (a Triton python model may: Triton sends what the model made, not its config)."""
+    if array.dtype == declared.dtype or (declared.is_bytes and array.dtype == object):
+        return declared
+    return _BY_DTYPE.get(array.dtype, declared)
+
+
+def of_dtype(dtype: np.dtype) -> DataType | None:
+    """The datatype whose tensors have numpy ``dtype`` (object is BYTES), or None."""
+    return _BY_DTYPE.get(dtype)

@@ -60,6 +60,18 @@ def parameter_value(param: pb.InferParameter) -> Any:
     return None if kind is None else getattr(param, kind)
 
 
+def _set_parameter(param: pb.InferParameter, value: Any) -> None:
+    """``param`` set from a response parameter's value (bool, int, float or text)."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
+
+
 def _parameters(params: Any, what: str) -> dict[str, Any]:
     values = {key: parameter_value(value) for key, value in params.items()}
     for key, value in values.items():
@@ -318,6 +330,8 @@ def encode_response_bytes(
             continue
         blob = tensor_to_bytes(output.data, output.datatype)
         parts += [_RAW_OUTPUT_TAG, _varint(blob.nbytes), blob]
+    for key, value in response.parameters.items():  # a model's own, as Triton sends them
+        _set_parameter(header.parameters[key], value)
     if stream:
         header.parameters[FINAL_RESPONSE].bool_param = final
     head = header.SerializeToString()

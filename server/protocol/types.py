@@ -19,6 +19,20 @@ from server.protocol.shared_memory_params import SharedMemoryRef
 Parameters = dict[str, Any]
 
 
+class ModelOutputs(dict[str, np.ndarray]):
+    """A request's outputs by name, with the response parameters its model set (a Triton
+    python model's ``InferenceResponse(parameters=...)``): they go back in the response."""
+
+    def __init__(self, outputs: dict[str, np.ndarray], parameters: Parameters) -> None:
+        super().__init__(outputs)
+        self.parameters = parameters
+
+
+def response_parameters(outputs: object) -> Parameters:
+    """The response parameters a model set with ``outputs`` (none for plain outputs)."""
+    return dict(outputs.parameters) if isinstance(outputs, ModelOutputs) else {}
+
+
 #: ``InputTensor.data`` of an input in shared memory until the data plane reads it there.
 SHARED_MEMORY_PENDING = np.empty(0, dtype=np.uint8)
 

@@ -88,6 +88,9 @@ class ModelRepository:
         self._locks: dict[str, asyncio.Lock] = {}
         #: models loaded by name (not only as an ensemble's composing model)
         self._explicit: set[str] = set()
+        #: ensembles unloaded because a composing model was (whether they were loaded by
+        #: name): they load again once all their composing models are back, as in Triton
+        self._parked: dict[str, bool] = {}
         #: runs ensembles' steps; its ``step_runner`` is set by the data plane
         self.ensembles = EnsembleLinker(self)
 
@@ -239,7 +242,22 @@ class ModelRepository:
         chain: tuple[str, ...] = (),
     ) -> Model:
         """``chain``: the ensembles whose loading led here (to refuse circular ones)."""
+        model = await self._load_locked(name, path, config_override, override, strict, chain)
+        if model.ready:
+            await self._unpark_ensembles(name)
+        return model
+
+    async def _load_locked(
+        self,
+        name: str,
+        path: Path,
+        config_override: mc.ModelConfig | None,
+        override: OverrideFolder | None,
+        strict: bool,
+        chain: tuple[str, ...],
+    ) -> Model:
         async with self._lock(name):
+            self._parked.pop(name, None)
             self._wanted.add(name)
             self._loading.add(name)
             try:
@@ -270,8 +288,12 @@ class ModelRepository:
         """Stop serving ``name``: new requests are refused, admitted ones are answered, then
         its instances are released. Unloading a model that is not loaded does nothing.
         ``dependents`` (``unload_dependents``): an ensemble's composing models go too, those
-        not loaded by name and used by no other ensemble still wanted."""
+        not loaded by name and used by no other ensemble still wanted. Ensembles that use
+        ``name`` become unavailable too (Triton unloads them), until it is back."""
+        if self._parked.pop(name, None) is not None:
+            await self._drop_override(name)
         await self._unload(name)
+        await self._park_ensembles(name)
         if dependents:
             for composing in self.ensembles.released_by(name):
                 await self.unload(composing, dependents=True)
@@ -300,7 +322,50 @@ class ModelRepository:
         async with self._lock(name):
             pass
 
-    async def _unload(self, name: str) -> None:
+    async def _park_ensembles(self, name: str) -> None:
+        """Unload the ensembles that use ``name`` (just unloaded), remembering them."""
+        for ensemble in self._ensembles_using(name, self._wanted):
+            log.error(
+                "ensemble '%s' depends on '%s' which has no loaded version.", ensemble, name
+            )
+            explicit = ensemble in self._explicit
+            await self._unload(ensemble, keep_files=True)
+            self._parked[ensemble] = explicit
+            await self._park_ensembles(ensemble)  # an ensemble in an ensemble
+
+    async def _unpark_ensembles(self, name: str) -> None:
+        """Load again the parked ensembles that ``name`` (just loaded) completes."""
+        for ensemble in self._ensembles_using(name, self._parked):
+            loaded = self._loaded[ensemble]
+            assert loaded.model.config is not None
+            composing = {m for m, _ in ensemble_config.composing_models(loaded.model.config)}
+            if not all(self.is_wanted(m) and self.model(m).ready_versions() for m in composing):
+                continue
+            if self._parked.pop(ensemble):
+                self._explicit.add(ensemble)
+            override, loaded.override = loaded.override, None  # handed to the new load
+            log.info("ensemble '%s': its composing models are back, loading it", ensemble)
+            await self._load(ensemble, loaded.model.path, override=override)
+
+    def _ensembles_using(self, name: str, among: Iterable[str]) -> list[str]:
+        found = []
+        for ensemble in list(among):
+            loaded = self._loaded.get(ensemble)
+            config = None if loaded is None else loaded.model.config
+            if config is not None and ensemble_config.is_ensemble(config) and any(
+                m == name for m, _ in ensemble_config.composing_models(config)
+            ):
+                found.append(ensemble)
+        return found
+
+    async def _drop_override(self, name: str) -> None:
+        loaded = self._loaded.get(name)
+        if loaded is not None and loaded.override is not None:
+            await asyncio.to_thread(loaded.override.remove)
+            loaded.override = None
+
+    async def _unload(self, name: str, keep_files: bool = False) -> None:
+        """``keep_files``: keep a private override folder (the model may load again)."""
         async with self._lock(name):
             self._explicit.discard(name)
             self._wanted.discard(name)
@@ -314,7 +379,7 @@ class ModelRepository:
             for served in loaded.model.versions.values():
                 served.state = State.UNAVAILABLE
                 served.reason = "unloaded"
-            if loaded.override is not None:
+            if loaded.override is not None and not keep_files:
                 await asyncio.to_thread(loaded.override.remove)
                 loaded.override = None
             log.info("unloaded '%s'", name)
@@ -324,6 +389,8 @@ class ModelRepository:
         folders = self._folders(strict=False)
         for name, path in folders.items():
             loaded = self._loaded.get(name)
+            if name in self._parked:
+                continue  # loads again when its composing models do
             if name not in self._wanted:  # new, or back after it was removed
                 log.info("new model '%s': loading", name)
             elif loaded is not None and loaded.override is None:
@@ -338,6 +405,8 @@ class ModelRepository:
             if name not in folders:
                 log.info("model '%s' removed from the repository: unloading", name)
                 await self.unload(name)
+        for name in [n for n in self._parked if n not in folders]:
+            del self._parked[name]  # an ensemble waiting for its models, gone itself
 
     async def close(self, wait_secs: float | None = None) -> None:
         """Release every model (server shutdown), waiting at most ``wait_secs`` for requests

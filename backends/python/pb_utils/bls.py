@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.python.pb_utils.errors import TritonError
+from backends.python.pb_utils.errors import TritonError, TritonModelException
 from backends.python.pb_utils.tensor import Tensor
 from backends.python.server_link import LINK
 from server import errors
@@ -66,6 +66,12 @@ def self_call_refused(model: str) -> errors.Unavailable:
         f"BLS request to model '{model}' refused: it comes from that model's only instance, "
         "which would wait for itself forever (give the model more instances)"
     )
+
+
+def check_allowed() -> None:
+    """Triton refuses BLS requests made from ``initialize`` or ``finalize`` (it raises)."""
+    if not LINK.bls_allowed():
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
 def server_request(request: InferenceRequest) -> InferRequest:
@@ -190,51 +196,99 @@ async def execute_async(request: InferenceRequest) -> InferenceResponse:
         return error_response(exc)
 
 
-def stream(request: InferenceRequest) -> Iterator[InferenceResponse]:
-    """``request.exec(decoupled=True)``: the target's responses as they come; an error is a
-    response with the error, and the iteration ends at the final flag (a flags-only final
-    yields nothing)."""
-    refused = _refusal(request)
-    if refused is not None:
-        yield error_response(refused)
-        return
-    replies: queue.Queue[StreamReply | BaseException] = queue.Queue()
+class ResponseIterator:
+    """``exec(decoupled=True)``'s answer, as Triton's: the target's responses in order, each
+    ``next`` waiting for the next one; the last is the one with the final flag (a flags-only
+    final is an empty response), an error is a response with the error. Iterating again once
+    all have come starts from the first. ``cancel()`` asks the target to stop."""
 
-    async def pump() -> None:
+    def __init__(self, request: InferenceRequest) -> None:
+        self._replies: queue.Queue[StreamReply | BaseException] = queue.Queue()
+        self._responses: list[InferenceResponse] = []
+        self._index = 0
+        self._finished = False
+        self._future: Future[None] | None = None
+        refused = _refusal(request)
+        if refused is not None:
+            self._replies.put(refused)
+            return
+        try:
+            self._future = LINK.submit(self._pump(request))
+        except errors.InferenceServerError as exc:
+            self._replies.put(exc)
+
+    async def _pump(self, request: InferenceRequest) -> None:
         try:
             record = server_request(request)
             await _checked(record, decoupled_ok=True)
             async for reply in LINK.calls.infer_stream(record):
-                replies.put(reply)
+                self._replies.put(reply)
                 if reply.final:
                     return
+            self._replies.put(StreamReply(final=True))  # the stream ended without its flag
         except BaseException as exc:
-            replies.put(exc)
+            self._replies.put(exc)
             raise
 
-    try:
-        future = LINK.submit(pump())
-    except errors.InferenceServerError as exc:
-        yield error_response(exc)
-        return
-    try:
-        while True:
-            item = replies.get()
-            if isinstance(item, BaseException):
-                if not isinstance(item, asyncio.CancelledError):
-                    yield error_response(item)
-                return
+    def wait_first(self) -> ResponseIterator:
+        """Wait until the first response has come (Triton's ``exec`` returns then)."""
+        if not self._responses and not self._finished:
+            self._take()
+            self._index = 0
+        return self
+
+    def __iter__(self) -> ResponseIterator:
+        if self._finished and self._index >= len(self._responses):
+            self._index = 0
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._index < len(self._responses):
+            self._index += 1
+            return self._responses[self._index - 1]
+        if self._finished:
+            raise StopIteration
+        self._index += 1
+        return self._take()
+
+    def _take(self) -> InferenceResponse:
+        item = self._replies.get()
+        if isinstance(item, BaseException):
+            self._finished = True
+            if isinstance(item, asyncio.CancelledError):
+                item = errors.Cancelled("the BLS request was cancelled")
+            response = error_response(item)
+        else:
+            self._finished = item.final
             if item.error is not None:
-                yield error_response(item.error)
+                response = error_response(item.error)
             elif item.response is not None:
-                yield model_response(item.response)
-            if item.final:
-                return
-    finally:
-        future.cancel()
+                response = model_response(item.response)
+            else:
+                response = _empty_response()
+        self._responses.append(response)
+        return response
+
+    def cancel(self) -> None:
+        """Stop the target's stream (no more responses come)."""
+        if self._future is not None and not self._finished:
+            self._future.cancel()
 
 
+def _empty_response() -> InferenceResponse:
+    from backends.python.pb_utils.requests import InferenceResponse
 
-async def stream_async(request: InferenceRequest) -> Iterator[InferenceResponse]:
-    """``await async_exec(decoupled=True)``: the responses, gathered off the model's loop."""
-    return iter(await asyncio.to_thread(lambda: list(stream(request))))
+    return InferenceResponse()
+
+
+def stream(request: InferenceRequest) -> ResponseIterator:
+    """``request.exec(decoupled=True)``: sent at once; returns when the first response has
+    come."""
+    return ResponseIterator(request).wait_first()
+
+
+async def stream_async(request: InferenceRequest) -> ResponseIterator:
+    """``await async_exec(decoupled=True)``: the same, the wait for the first response off the
+    model's loop (the iterator's later ``next`` calls wait as Triton's do)."""
+    iterator = ResponseIterator(request)  # on this thread: the self-call check needs it
+    return await asyncio.to_thread(iterator.wait_first)

@@ -37,6 +37,12 @@ def _never() -> bool:
     return False
 
 
+def _text(value: str | bytes) -> str:
+    """A name given as ``str`` or as UTF-8 ``bytes``, as Triton's bindings take both (a model
+    often passes an element of a BYTES input, which is ``bytes``, as a model name)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class InferenceRequest:
     """A request: one client's, handed to ``execute``, or (later) one a model sends."""
 
@@ -44,10 +50,10 @@ class InferenceRequest:
         self,
         *,
         inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        requested_output_names: Sequence[str | bytes] = (),
+        model_name: str | bytes = "",
         model_version: int = -1,
-        request_id: str = "",
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
         flags: int = 0,
         timeout: int = 0,
@@ -56,10 +62,10 @@ class InferenceRequest:
         trace: Any = None,
     ) -> None:
         self._inputs = list(inputs)
-        self._output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._output_names = [_text(name) for name in requested_output_names]
+        self._model_name = _text(model_name)
         self._model_version = model_version
-        self._request_id = request_id
+        self._request_id = _text(request_id)
         self._correlation_id = correlation_id
         self._flags = flags
         self._timeout = timeout
@@ -150,11 +156,13 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on the server (BLS) and wait: an ``InferenceResponse``, or with
-        ``decoupled`` a generator of them."""
+        ``decoupled`` a generator of them. Refused in ``initialize`` and ``finalize``."""
+        bls.check_allowed()
         return bls.stream(self) if decoupled else bls.execute(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` awaited: the model's loop serves other coroutines meanwhile."""
+        bls.check_allowed()
         if decoupled:
             return await bls.stream_async(self)
         return await bls.execute_async(self)
@@ -184,17 +192,9 @@ class InferenceResponse:
             raise TritonModelException(
                 f"InferenceResponse: error must be a TritonError, got {type(error).__name__}"
             )
-        params: dict[str, Any] = (
-            json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
-        )
-        for key, value in params.items():
-            if not isinstance(key, str) or not isinstance(value, bool | int | str):
-                raise TritonModelException(
-                    f"InferenceResponse: parameter {key!r} must have a bool, int or str value"
-                )
         self._tensors = tensors
         self._error = error
-        self._parameters = params
+        self._parameters = _response_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._tensors)
@@ -208,6 +208,32 @@ class InferenceResponse:
     def parameters(self) -> str:
         """The response parameters as a JSON object string."""
         return json.dumps(self._parameters)
+
+    def parameter_dict(self) -> dict[str, Any]:
+        """The response parameters as a dict (what ``parameters()`` prints)."""
+        return dict(self._parameters)
+
+
+def _response_parameters(parameters: object) -> dict[str, Any]:
+    """A response's parameters checked as Triton checks them (its texts): a dict of ``str``
+    keys and bool, int or str values (a JSON object string is taken too)."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters)
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type "
+                f"{type(value)}"
+            )
+    return dict(parameters)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

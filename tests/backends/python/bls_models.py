@@ -71,7 +71,8 @@ class TritonPythonModel:
         for thread in self.threads:
             thread.join()
 """
-# Decoupled: N responses of OUT = N for input N, sent from execute, then the final flag alone;
+# Decoupled: N responses of OUT = N for input N, each with the response parameter "left" (how
+# many follow), sent from execute, then the final flag alone;
 # a negative N is answered by one error response, flagged final (-2: execute raises).
 SQUARE_CONFIG = """name: "square_int32"
 backend: "python"
@@ -96,9 +97,10 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            for _ in range(n):
+            for i in range(n):
                 sender.send(pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("OUT", np.array([n], np.int32))]
+                    [pb_utils.Tensor("OUT", np.array([n], np.int32))],
+                    parameters={"left": n - i - 1},
                 ))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
@@ -126,8 +128,15 @@ class TritonPythonModel:
 """
 # BLS: the request parameter "target" names the model to call with IN (its OUT comes back as
 # ours, its error as ours); "mode" = "stream" calls square_int32 decoupled with IN[0] and
-# answers the values it sent, "control" reports is_model_ready around an unload and a load of
-# the target. One instance: a call to itself must not hang.
+# answers the values it sent (-1 for an empty response: the final flag alone); "first" calls
+# repeat_int32 decoupled (a response at once, one a second later) and answers the ms until
+# exec returned and until the last response; "cancel" cancels that call after its first
+# response and answers how many responses it saw then and the ms it took; "control" reports
+# is_model_ready around an unload and a load of the target; "bytes_name" names the target as bytes (an element of a BYTES input is), "wide"
+# answers OUT as INT64 although the config says INT32 (Triton sends what the model made);
+# "params" answers with response parameters, "forward" asks the target for them (mode "params")
+# and answers with the target's.
+# One instance: a call to itself must not hang.
 BLS_CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -136,13 +145,16 @@ output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 BLS = """import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def answer(values):
-    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(values, np.int32))])
+def answer(values, dtype=np.int32, parameters=None):
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor("OUT", np.array(values, dtype))], parameters=parameters
+    )
 
 
 class TritonPythonModel:
@@ -160,21 +172,55 @@ class TritonPythonModel:
                 pb_utils.load_model(target)
                 responses.append(answer([before, unloaded, pb_utils.is_model_ready(target)]))
                 continue
+            if mode == "params":
+                responses.append(answer(x, parameters={"bool": True, "int": 7, "str": "seven"}))
+                continue
+            if mode in ("first", "cancel"):
+                started = time.monotonic()
+                call = pb_utils.InferenceRequest(
+                    model_name="repeat_int32", requested_output_names=["OUT", "IDX"],
+                    inputs=[
+                        pb_utils.Tensor("IN", np.array([1, 2], np.int32)),
+                        pb_utils.Tensor("DELAY", np.array([0, 1000], np.uint32)),
+                        pb_utils.Tensor("WAIT", np.array([0], np.uint32)),
+                    ],
+                )
+                replies = AWAIT call.EXEC(decoupled=True)
+                returned = time.monotonic()
+                if mode == "cancel":
+                    next(replies)
+                    replies.cancel()
+                    seen = 1 + len(list(replies))
+                    responses.append(answer([seen, (time.monotonic() - started) * 1000]))
+                    continue
+                count = len(list(replies))
+                responses.append(answer([
+                    count, (returned - started) * 1000, (time.monotonic() - started) * 1000
+                ]))
+                continue
             if mode == "stream":
                 call = pb_utils.InferenceRequest(
                     model_name="square_int32", requested_output_names=["OUT"],
                     inputs=[pb_utils.Tensor("IN", x[:1])],
                 )
                 values = []
-                for reply in AWAIT call.EXEC(decoupled=True):
+                replies = AWAIT call.EXEC(decoupled=True)
+                for reply in replies:
                     if reply.has_error():
                         return [pb_utils.InferenceResponse(error=reply.error())]
+                    if not reply.output_tensors():  # the final flag alone: an empty response
+                        values.append(-1)
+                        continue
                     values.append(int(pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()[0]))
+                if len(list(replies)) != len(values):  # iterated again: the same responses
+                    raise pb_utils.TritonModelException("a second iteration differs")
                 responses.append(answer(values))
                 continue
             call = pb_utils.InferenceRequest(
-                model_name=target, requested_output_names=["OUT"],
+                model_name=target.encode() if mode == "bytes_name" else target,
+                requested_output_names=["OUT"],
                 inputs=[pb_utils.Tensor("IN", x)], request_id="from-bls",
+                parameters={"mode": "params"} if mode == "forward" else {},
             )
             reply = AWAIT call.EXEC()
             if reply.has_error():
@@ -182,7 +228,10 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(reply.error().message(), reply.error().code())
                 ))
                 continue
-            responses.append(answer(pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()))
+            out = pb_utils.get_output_tensor_by_name(reply, "OUT").as_numpy()
+            responses.append(answer(
+                out, np.int64 if mode == "wide" else np.int32, json.loads(reply.parameters())
+            ))
         return responses
 """
 

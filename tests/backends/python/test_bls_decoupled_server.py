@@ -6,6 +6,7 @@ finals only when asked, errors on the stream), and refused by HTTP and unary ``M
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Iterator
@@ -100,6 +101,92 @@ def test_bls_errors_are_the_targets_with_tritons_texts(server: ServerProcess, mo
 
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_a_target_named_by_bytes_is_found(server: ServerProcess, model: str) -> None:
+    # NVIDIA's BLS example passes an element of a BYTES input (bytes) as the model name
+    assert _bls(server, model, [4], mode="bytes_name").tolist() == [8]
+
+
+def test_an_output_of_another_datatype_goes_out_as_the_model_made_it(
+    server: ServerProcess,
+) -> None:
+    # the config says INT32; Triton sends a python model's INT64 tensor as INT64
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        by_grpc = grpc.infer("bls", [_input("IN", [1, 2])], parameters={"mode": "wide"})
+        tensor = httpclient.InferInput("IN", [2], "INT32")
+        tensor.set_data_from_numpy(np.array([3, 4], np.int32), binary_data=False)
+        by_http = http.infer("bls", [tensor], parameters={"mode": "wide"})
+    finally:
+        grpc.close()
+        http.close()
+    assert by_grpc.get_output("OUT").datatype == "INT64"
+    assert by_grpc.as_numpy("OUT").tolist() == [2, 4]
+    assert by_http.get_output("OUT")["datatype"] == "INT64"
+    assert by_http.as_numpy("OUT").tolist() == [6, 8]
+
+
+_BLS_IN_INITIALIZE = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.InferenceRequest(
+            model_name="double", requested_output_names=["OUT"],
+            inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+        ).exec()
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_bls_in_initialize_fails_the_load(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    config = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+    }
+    with pytest.raises(InferenceServerException) as failed:
+        client.load_model(
+            "bls_in_initialize", config=json.dumps(config),
+            files={"file:1/model.py": _BLS_IN_INITIALIZE.encode()},
+        )
+    assert "BLS is only supported during the 'execute' function." in str(failed.value)
+    assert _bls(server, "bls", [5]).tolist() == [10]  # and the others serve on
+
+
+def _grpc_parameters(result: Any) -> dict[str, Any]:
+    params = result.get_response().parameters
+    return {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in params.items()}
+
+
+def test_response_parameters_are_sent_back(server: ServerProcess) -> None:
+    expected = {"bool": True, "int": 7, "str": "seven"}
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        by_grpc = grpc.infer("bls", [_input("IN", [1])], parameters={"mode": "params"})
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        by_http = http.infer("bls", [tensor], parameters={"mode": "params"})
+        # a BLS caller reads its target's (bls_async answers mode "params"), and sends them on
+        forwarded = grpc.infer(
+            "bls", [_input("IN", [1])], parameters={"mode": "forward", "target": "bls_async"}
+        )
+        plain = grpc.infer("bls", [_input("IN", [1])])
+    finally:
+        grpc.close()
+        http.close()
+    assert _grpc_parameters(by_grpc) == expected
+    assert by_http.get_response()["parameters"] == expected
+    assert _grpc_parameters(forwarded) == expected
+    assert _grpc_parameters(plain) == {}
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_a_single_instance_calling_itself_is_refused_at_once(
     server: ServerProcess, model: str
 ) -> None:
@@ -131,11 +218,30 @@ def test_a_busy_single_instance_calling_another_serves_every_request(
 
 @pytest.mark.parametrize("model", ["bls", "bls_async"])
 def test_bls_decoupled_exec_yields_each_response(server: ServerProcess, model: str) -> None:
-    assert _bls(server, model, [3], mode="stream").tolist() == [3, 3, 3]
-    assert _bls(server, model, [0], mode="stream").tolist() == []
+    # as Triton's iterator: a flags-only final is the last, empty, response
+    assert _bls(server, model, [3], mode="stream").tolist() == [3, 3, 3, -1]
+    assert _bls(server, model, [0], mode="stream").tolist() == [-1]
     with pytest.raises(InferenceServerException, match="cannot send -1 responses"):
         _bls(server, model, [-1], mode="stream")
     assert _bls(server, model, [5]).tolist() == [10]  # and it serves on
+
+
+@pytest.mark.parametrize("model", ["bls", "bls_async"])
+def test_bls_decoupled_exec_returns_at_the_first_response(
+    server: ServerProcess, model: str
+) -> None:
+    # Triton's exec / async_exec(decoupled=True) give the iterator once the first response
+    # is in, not after the last; each next() waits for one (two, then the final flag alone)
+    count, returned_ms, done_ms = _bls(server, model, [0], mode="first").tolist()
+    assert count == 3
+    assert returned_ms < done_ms - 500, (returned_ms, done_ms)
+
+
+def test_a_bls_decoupled_call_can_be_cancelled(server: ServerProcess) -> None:
+    seen, took_ms = _bls(server, "bls", [0], mode="cancel").tolist()
+    # the first response, then the cancellation's error; not the one a second later
+    assert seen == 2 and took_ms < 900, (seen, took_ms)
+    assert _bls(server, "bls", [5]).tolist() == [10]  # and it serves on
 
 
 def test_model_control_from_a_model(server: ServerProcess) -> None:
@@ -202,10 +308,16 @@ def test_without_asking_no_empty_final_is_sent(stream: _Stream) -> None:
     items = stream.take(3)
     assert all(error is None for _, error in items), items
     by_id: dict[str, list[bool]] = {}
+    left: dict[str, list[int]] = {}
     for result, _ in items:
         by_id.setdefault(result.get_response().id, []).append(_final(result))
+        # each response's own parameters, beside the stream's triton_final_response
+        left.setdefault(result.get_response().id, []).append(
+            _grpc_parameters(result)["left"]
+        )
         assert result.as_numpy("OUT").tolist() in ([2], [1])
     assert by_id == {"s2": [False, False], "s1": [False]}
+    assert left == {"s2": [1, 0], "s1": [0]}
     with pytest.raises(queue.Empty):
         stream.items.get(timeout=0.5)
 

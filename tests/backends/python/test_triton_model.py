@@ -224,19 +224,23 @@ def test_outputs_are_checked_per_request(tmp_path: Path) -> None:
     class TritonPythonModel:
         def execute(self, requests):
             return [
-                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.float32))]),
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.complex64))]),
                 pb_utils.InferenceResponse([]),
                 pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.int32))]),
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.float32))]),
             ]
     """
     instance = _load(tmp_path, code)
     try:
-        wrong_type, missing, good = instance.execute_requests([_request([1])] * 3)
+        no_datatype, missing, good, other = instance.execute_requests([_request([1])] * 4)
     finally:
         instance.close()
-    assert isinstance(wrong_type, InternalError) and "declares TYPE_INT32" in wrong_type.message
+    assert isinstance(no_datatype, InternalError)
+    assert "has dtype complex64, but the configuration declares TYPE_INT32" in no_datatype.message
     assert isinstance(missing, InternalError) and "returned no output 'OUT'" in missing.message
     assert isinstance(good, dict)
+    # another V2 datatype than the configured one goes out as it is, as Triton sends it
+    assert isinstance(other, dict) and other["OUT"].dtype == np.float32
 
 
 def test_a_failing_initialize_fails_the_load(tmp_path: Path) -> None:
@@ -250,6 +254,60 @@ def test_a_failing_initialize_fails_the_load(tmp_path: Path) -> None:
     """
     with pytest.raises(ModelLoadError, match="1/model.py failed to initialize: RuntimeError"):
         _load(tmp_path, code)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_bls_in_initialize_fails_the_load_with_tritons_text(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    code = f"""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        {"async " if asynchronous else ""}def initialize(self, args):
+            request = pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+            )
+            {"await request.async_exec()" if asynchronous else "request.exec()"}
+
+        def execute(self, requests):
+            return []
+    """
+    with pytest.raises(ModelLoadError) as failed:
+        _load(tmp_path, code)
+    assert (
+        "failed to initialize: TritonModelException: BLS is only supported during the "
+        "'execute' function." in failed.value.message
+    )
+
+
+def test_bls_in_finalize_is_refused(tmp_path: Path) -> None:
+    code = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    SEEN = {}
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return []
+
+        def finalize(self):
+            request = pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.zeros(1, np.int32))],
+            )
+            try:
+                request.exec(decoupled=True)
+            except pb_utils.TritonModelException as exc:
+                SEEN["refused"] = str(exc)
+    """
+    instance = _load(tmp_path, code)
+    module = instance._module  # type: ignore[attr-defined]
+    instance.close()
+    assert module.SEEN["refused"] == "BLS is only supported during the 'execute' function."
 
 
 def test_is_ready_must_answer_a_bool(tmp_path: Path) -> None:

@@ -302,6 +302,74 @@ def test_explicit_load_loads_composing_models_and_unload_dependents(
     assert _ready(client) == {"simple", "slow_double"}
 
 
+def _state(client: httpclient.InferenceServerClient, name: str) -> tuple[str, str]:
+    (entry,) = [m for m in client.get_model_repository_index() if m["name"] == name]
+    return entry.get("state", ""), entry.get("reason", "")
+
+
+def test_an_ensemble_is_unavailable_while_a_composing_model_is_unloaded(
+    explicit: ServerProcess,
+) -> None:
+    client = httpclient.InferenceServerClient(explicit.url)
+    grpc = grpcclient.InferenceServerClient(explicit.grpc_url)
+    client.load_model("pipeline")
+    client.load_model("diamond")
+    client.unload_model("post")  # pipeline's last step; diamond does not use it
+    # Triton unloads the ensemble: unavailable, "unloaded", and the server stays ready
+    assert _state(client, "pipeline") == ("UNAVAILABLE", "unloaded")
+    assert not client.is_model_ready("pipeline") and client.is_model_ready("diamond")
+    assert client.is_server_ready()
+    for module, transport in ((httpclient, client), (grpcclient, grpc)):
+        with pytest.raises(InferenceServerException) as refused:
+            _infer(transport, module, "pipeline", _raw(1), ["OUT"])
+        assert "Request for unknown model: 'pipeline' has no available versions" in str(
+            refused.value
+        )
+    client.load_model("post")  # back: so is the ensemble
+    assert _state(client, "pipeline")[0] == "READY"
+    result = _infer(grpc, grpcclient, "pipeline", _raw(2), ["OUT"])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * _raw(2) + 11).astype(np.float32))
+    # unloaded by name while unavailable, it stays unloaded when its model comes back
+    client.unload_model("pre")  # both ensembles use it
+    assert not client.is_model_ready("pipeline") and not client.is_model_ready("diamond")
+    client.unload_model("diamond")
+    client.load_model("pre")
+    assert client.is_model_ready("pipeline") and not client.is_model_ready("diamond")
+    result = _infer(client, httpclient, "pipeline", _raw(3), ["OUT"])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * _raw(3) + 11).astype(np.float32))
+
+
+def _wait_state(client: httpclient.InferenceServerClient, name: str, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while _state(client, name)[0] != state:
+        assert time.monotonic() < deadline, client.get_model_repository_index()
+        time.sleep(0.1)
+
+
+def test_poll_mode_a_removed_composing_model_takes_its_ensemble_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    root = build_repository(tmp_path / "models")
+    shutil.rmtree(root / "broken")
+    process = start_server(
+        root, args=("--model-control-mode=poll", "--repository-poll-secs=1")
+    )
+    try:
+        assert process.port is not None, process.log
+        client = httpclient.InferenceServerClient(process.url)
+        (root / "post").rename(tmp_path / "post")
+        _wait_state(client, "pipeline", "UNAVAILABLE")
+        assert client.is_model_ready("diamond") and client.is_server_ready()
+        (tmp_path / "post").rename(root / "post")
+        _wait_state(client, "pipeline", "READY")
+        result = _infer(client, httpclient, "pipeline", _raw(1), ["OUT"])
+        np.testing.assert_array_equal(
+            result.as_numpy("OUT"), (29 * _raw(1) + 11).astype(np.float32)
+        )
+    finally:
+        process.stop()
+
+
 def test_loading_every_model_loads_ensembles_after_composing_ones(tmp_path: Path) -> None:
     root = build_repository(tmp_path)
     shutil.rmtree(root / "broken")

@@ -4,6 +4,8 @@ config dicts and ``ModelConfig`` for auto-complete, and the module's public name
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,8 +119,16 @@ def test_response_and_errors() -> None:
     assert error is not None and error.message() == "bad"
     assert error.code() == pb_utils.TritonError.NOT_FOUND == 2
     assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
-    with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.InferenceResponse(parameters={"a": 1.5})
+    # Triton's texts for parameters it cannot send
+    bad: list[tuple[Any, str]] = [
+        ({"a": 1.5}, "values to have type bool/int/str, found type <class 'float'>"),
+        ({"a": None}, "values to have type bool/int/str, found type <class 'NoneType'>"),
+        ({1: "x"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+        ([], "Expect dict, got <class 'list'>"),
+    ]
+    for parameters, text in bad:
+        with pytest.raises(pb_utils.TritonModelException, match=re.escape(text)):
+            pb_utils.InferenceResponse(parameters=parameters)
     with pytest.raises(pb_utils.TritonModelException):
         pb_utils.InferenceResponse(output_tensors=[np.zeros(1)])  # type: ignore[list-item]
 
