@@ -54,6 +54,8 @@ from server.scheduling.ensemble import StepResult
 from server.scheduling.job import Job
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
+from server.tracing.manager import TraceManager
+from server.tracing.record import Trace
 
 log = logging.getLogger("server")
 T = TypeVar("T")
@@ -70,6 +72,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "trace",
     "logging",
 )
 
@@ -99,6 +102,7 @@ class DataPlane:
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
         size = settings.response_cache_byte_size
         self.response_cache = response_cache.ResponseCache(size) if size else None
+        self.tracer = TraceManager(settings.trace)
         # Ensembles send their steps back through this data plane (tests may pass no repository).
         ensembles = getattr(repository, "ensembles", None)
         if ensembles is not None:
@@ -225,6 +229,9 @@ class DataPlane:
         start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
+        trace = None
+        if self.tracer.active and request.trace is not None:  # the one check when off
+            trace = self.tracer.start(served.name, served.version, request.id or "", request.trace)
         if spec.decoupled:  # (the transports refuse it first, each with Triton's text)
             raise Unsupported(
                 f"model '{spec.name}' uses the decoupled transaction policy: its responses "
@@ -247,10 +254,13 @@ class DataPlane:
                 cached = self._lookup(digest)
                 looked_up = time.perf_counter_ns()
                 if cached is not None:
-                    return self._answer_from_cache(
+                    answer = self._answer_from_cache(
                         request, served, spec, cached, start, prepared_at, looked_up,
                         compute_sink,
                     )
+                    if trace is not None:
+                        _traced_hit(trace, answer, start, prepared_at)
+                    return answer
             job = Job(
                 prepared.inputs,
                 prepared.output_names,
@@ -262,6 +272,7 @@ class DataPlane:
             )
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.
+            queued_at = time.perf_counter_ns() if trace is not None else 0
             with served.gate.admit():
                 results = await self._execute(served, spec, request, job)
             executed_at = time.perf_counter_ns()
@@ -286,10 +297,12 @@ class DataPlane:
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
             self._log_request(request, served, "CANCELED", start)
+            _traced_failure(trace, start)
             raise
         except Exception as exc:
             served.stats.record_failure(time.perf_counter_ns() - start, failure_reason(exc))
             self._log_failure(request, served, exc, start)
+            _traced_failure(trace, start)
             raise
         finished = time.perf_counter_ns()
         if digest is not None:  # a miss: its insert counts in the request's duration
@@ -308,12 +321,15 @@ class DataPlane:
             done - start, job.times.queue_ns, *compute, prepared.batch_size
         )
         self._log_request(request, served, "OK", start)
-        return InferResponse(
+        response = InferResponse(
             model_name=spec.name,
             model_version=str(served.version),
             outputs=outputs,
             id=request.id,
         )
+        if trace is not None:
+            _traced(trace, request, response, job, compute, start, queued_at, finished, done)
+        return response
 
     async def _cache_key(
         self,
@@ -510,6 +526,22 @@ class DataPlane:
         ``server.ipc.service`` passes the change on to the front ends)."""
         return logs.update(changes)
 
+    async def trace_settings(self, model_name: str, changes: dict[str, Any] | None) -> dict[
+        str, Any
+    ]:
+        """The trace extension: apply checked changes (``server.tracing.api``; None: just
+        read) to the global settings ("") or a model's; every setting after them."""
+        if model_name and not self._repository.is_ready(model_name, ""):
+            raise InvalidArgument(f"Request for unknown model : {model_name}")
+        if changes is not None:
+            self.tracer.update(model_name, changes)
+        return self.tracer.settings(model_name)
+
+    def close(self) -> None:
+        """The server stops: shared memory regions are unmapped, traces written out."""
+        self.shared_memory.close()
+        self.tracer.close()
+
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
@@ -520,6 +552,61 @@ def _required(value: T | None) -> T:
     if value is None:
         raise InternalError("model version is not fully loaded")
     return value
+
+
+def _traced(
+    trace: Trace,
+    request: InferRequest,
+    response: InferResponse,
+    job: Job,
+    compute: tuple[int, int, int],
+    start: int,
+    queued_at: int,
+    finished: int,
+    done: int,
+) -> None:
+    """A traced request's activity timestamps, from the times the scheduler measured (the
+    compute input and output phases as the statistics count them), and its tensors; its
+    trace ends when the transport has sent the response."""
+    computing = queued_at + job.times.queue_ns
+    input_end = computing + (compute[0] if job.times.breakdown else 0)
+    output_start = input_end + job.times.compute_ns
+    compute_end = output_start + (compute[2] if job.times.breakdown else 0)
+    for name, ns in (
+        ("REQUEST_START", start), ("QUEUE_START", queued_at), ("COMPUTE_START", computing),
+        ("COMPUTE_INPUT_END", input_end), ("COMPUTE_OUTPUT_START", output_start),
+        ("COMPUTE_END", compute_end), ("INFER_RESPONSE_COMPLETE", finished),
+        ("REQUEST_END", done),
+    ):
+        trace.stamp(name, ns)
+    if trace.wants_tensors:
+        for tensor in request.inputs:
+            if type(tensor.data) is np.ndarray:
+                trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype.name, tensor.data)
+        for output in response.outputs:
+            if type(output.data) is np.ndarray:
+                trace.tensor(
+                    "TENSOR_BACKEND_OUTPUT", output.name, output.datatype.name, output.data
+                )
+    response.on_sent = trace.finish
+    response.sent_from = time.perf_counter_ns()
+
+
+def _traced_hit(trace: Trace, response: InferResponse, start: int, prepared_at: int) -> None:
+    """A response cache hit: no queue, no compute."""
+    trace.stamp("REQUEST_START", start)
+    trace.stamp("QUEUE_START", prepared_at)
+    trace.stamp("REQUEST_END", time.perf_counter_ns())
+    response.on_sent = trace.finish
+    response.sent_from = time.perf_counter_ns()
+
+
+def _traced_failure(trace: Trace | None, start: int) -> None:
+    """A failed request's trace is written as it stands: nothing was sent."""
+    if trace is not None:
+        trace.stamp("REQUEST_START", start)
+        trace.stamp("REQUEST_END", time.perf_counter_ns())
+        trace.finish(0, 0)
 
 
 def _client_shape(
