@@ -1,7 +1,8 @@
 """Triton mode's output: each trace as Triton writes it (``src/tracer.cc``), a run of JSON
 objects sharing the trace's ``id`` — the transport's receive timestamps, the model record
-(``model_name``, ``model_version``, ``request_id`` if any, ``parent_id`` if any), one object
-per activity timestamp, ``TENSORS`` records, the send timestamps — and the files they go to.
+(``model_name``, ``model_version``, ``request_id`` if any), one object per activity
+timestamp, ``TENSORS`` records, the send timestamps — and the files they go to. At the
+TENSORS level alone there are no timestamps.
 
 With ``log_frequency`` 0 the traces are kept until the setting is replaced or the server
 stops, then appended to ``trace_file``, one JSON array closed when the server stops; with
@@ -33,13 +34,16 @@ def render(trace: Trace, send_start: int, send_end: int) -> str:
     if trace.request_id:
         record["request_id"] = trace.request_id
     before, after = trace.front_end_stamps(send_start, send_end)
+    timed = "TIMESTAMPS" in trace.level
+    if not timed:  # TENSORS alone (the record is kept, Triton's file would lack it)
+        before, after = [], []
     parts = [_stamp(head, name, ns) for name, ns in before]
     parts.append(orjson.dumps(record).decode())
-    stamps = trace.timestamps
     # Tensors go where Triton reports them: inputs as the request is queued, outputs as
     # the model hands them back.
-    for name, ns in stamps:
-        parts.append(_stamp(head, name, ns))
+    for name, ns in trace.timestamps:
+        if timed:
+            parts.append(_stamp(head, name, ns))
         if name == "QUEUE_START":
             parts += [_tensor(head, t) for t in trace.tensors if t.activity.endswith("INPUT")]
         elif name == "COMPUTE_OUTPUT_START":
