@@ -423,6 +423,8 @@ class InferenceServicer:
     async def TraceSetting(
         self, request: pb.TraceSettingRequest, context: Context
     ) -> pb.TraceSettingResponse:
+        if request.model_name and request.settings:  # an unknown model first (as Triton)
+            await self._dataplane.trace_settings(request.model_name, None)
         changes = trace_api.from_grpc(request.settings) if request.settings else None
         current = await self._dataplane.trace_settings(request.model_name, changes)
         return trace_api.to_grpc(current)

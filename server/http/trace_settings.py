@@ -15,5 +15,7 @@ class TraceSettingHandler(BaseHandler):
         self.write_json(await self.dataplane.trace_settings(model_name, None))
 
     async def post(self, model_name: str = "") -> None:
+        if model_name:  # an unknown model is reported first, whatever the body (as Triton)
+            await self.dataplane.trace_settings(model_name, None)
         changes = api.from_json(self.body_object("trace setting request"))
         self.write_json(await self.dataplane.trace_settings(model_name, changes))

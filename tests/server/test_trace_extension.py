@@ -7,6 +7,7 @@ reaching an OTLP receiver, continuing the caller's ``traceparent``."""
 from __future__ import annotations
 
 import json
+import queue
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,10 @@ def test_refusals_with_tritons_texts(server: ServerProcess) -> None:
     cases: list[tuple[Any, str]] = [
         (lambda: http.get_trace_settings(model_name="nope"), "Request for unknown model : nope"),
         (lambda: grpc.get_trace_settings(model_name="nope"), "Request for unknown model : nope"),
+        (lambda: http.update_trace_settings(model_name="nope", settings={"trace_file": "x"}),
+         "Request for unknown model : nope"),
+        (lambda: grpc.update_trace_settings(model_name="nope", settings={"trace_rate": "x"}),
+         "Request for unknown model : nope"),
         (lambda: http.update_trace_settings(settings={"trace_file": "x"}),
          "trace file location can not be updated through network protocol"),
         (lambda: grpc.update_trace_settings(settings={"trace_file": "x"}),
@@ -221,6 +226,24 @@ def test_file_mode_writes_tritons_json_for_http_and_grpc(
         "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *HTTP_ORDER[2:-2], "GRPC_SEND_START",
         "GRPC_SEND_END",
     ]
+    _check_clock(trace)
+
+
+def test_grpc_stream_requests_are_traced(
+    server: ServerProcess, traced: tuple[ServerProcess, Path]
+) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    try:
+        client.async_stream_infer("echo", [tensor], request_id="streamed")
+        assert not isinstance(results.get(timeout=30), InferenceServerException)
+    finally:
+        client.stop_stream()
+    (trace,) = _traces_of(traced[1], "streamed")
+    assert _names(trace)[-2:] == ["GRPC_SEND_START", "GRPC_SEND_END"]
     _check_clock(trace)
 
 
