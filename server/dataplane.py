@@ -7,6 +7,7 @@ transport. Results are plain records or dicts in the V2 JSON shape.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from server.protocol.types import (
     RequestedOutput,
 )
 from server.protocol.validation import validate
+from server.repository import ensemble_config
 from server.repository.config import parse_json_config
 from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
@@ -59,6 +61,11 @@ from server.tracing.record import Trace
 
 log = logging.getLogger("server")
 T = TypeVar("T")
+#: The trace of the ensemble request whose steps the current task runs (set only while a
+#: traced ensemble request executes: its step tasks inherit it).
+_ENSEMBLE_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
+    "ensemble_trace", default=None
+)
 _BYTES = datatypes.from_name("BYTES")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
@@ -230,8 +237,8 @@ class DataPlane:
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
         trace = None
-        if self.tracer.active and request.trace is not None:  # the one check when off
-            trace = self.tracer.start(served.name, served.version, request.id or "", request.trace)
+        if self.tracer.active:  # the one check when tracing is off
+            trace = self._trace(request, served)
         if spec.decoupled:  # (the transports refuse it first, each with Triton's text)
             raise Unsupported(
                 f"model '{spec.name}' uses the decoupled transaction policy: its responses "
@@ -273,8 +280,14 @@ class DataPlane:
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.
             queued_at = time.perf_counter_ns() if trace is not None else 0
-            with served.gate.admit():
-                results = await self._execute(served, spec, request, job)
+            ensemble = trace is not None and ensemble_config.is_ensemble(_required(served.config))
+            token = _ENSEMBLE_TRACE.set(trace) if ensemble else None
+            try:
+                with served.gate.admit():
+                    results = await self._execute(served, spec, request, job)
+            finally:
+                if token is not None:
+                    _ENSEMBLE_TRACE.reset(token)
             executed_at = time.perf_counter_ns()
             outputs = []
             for name in prepared.output_names:
@@ -328,8 +341,21 @@ class DataPlane:
             id=request.id,
         )
         if trace is not None:
-            _traced(trace, request, response, job, compute, start, queued_at, finished, done)
+            _traced(
+                trace, request, response, job, compute, (start, queued_at, finished, done),
+                not ensemble,
+            )
         return response
+
+    def _trace(self, request: InferRequest, served: ModelVersion) -> Trace | None:
+        """The request's trace: a client's request if it is sampled, a step of a traced
+        ensemble request always (a child of that trace)."""
+        if request.trace is not None:
+            return self.tracer.start(served.name, served.version, request.id or "", request.trace)
+        parent = _ENSEMBLE_TRACE.get()
+        if parent is None:
+            return None
+        return self.tracer.child(parent, served.name, served.version, request.id or "")
 
     async def _cache_key(
         self,
@@ -560,24 +586,26 @@ def _traced(
     response: InferResponse,
     job: Job,
     compute: tuple[int, int, int],
-    start: int,
-    queued_at: int,
-    finished: int,
-    done: int,
+    times: tuple[int, int, int, int],
+    computes: bool,
 ) -> None:
-    """A traced request's activity timestamps, from the times the scheduler measured (the
-    compute input and output phases as the statistics count them), and its tensors; its
-    trace ends when the transport has sent the response."""
-    computing = queued_at + job.times.queue_ns
-    input_end = computing + (compute[0] if job.times.breakdown else 0)
-    output_start = input_end + job.times.compute_ns
-    compute_end = output_start + (compute[2] if job.times.breakdown else 0)
-    for name, ns in (
-        ("REQUEST_START", start), ("QUEUE_START", queued_at), ("COMPUTE_START", computing),
-        ("COMPUTE_INPUT_END", input_end), ("COMPUTE_OUTPUT_START", output_start),
-        ("COMPUTE_END", compute_end), ("INFER_RESPONSE_COMPLETE", finished),
-        ("REQUEST_END", done),
-    ):
+    """A traced request's activity timestamps (``times``: its start, queueing, answer made,
+    end), the compute ones from the durations the scheduler measured (none for an ensemble,
+    whose steps compute), and its tensors. A client's request's trace ends when the
+    transport has sent the response; an ensemble step's is written with its parent."""
+    start, queued_at, finished, done = times
+    stamps = [("REQUEST_START", start), ("QUEUE_START", queued_at)]
+    if computes:
+        computing = queued_at + job.times.queue_ns
+        input_end = computing + (compute[0] if job.times.breakdown else 0)
+        output_start = input_end + job.times.compute_ns
+        compute_end = output_start + (compute[2] if job.times.breakdown else 0)
+        stamps += [
+            ("COMPUTE_START", computing), ("COMPUTE_INPUT_END", input_end),
+            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end),
+        ]
+    stamps += [("INFER_RESPONSE_COMPLETE", finished), ("REQUEST_END", done)]
+    for name, ns in stamps:
         trace.stamp(name, ns)
     if trace.wants_tensors:
         for tensor in request.inputs:
@@ -588,8 +616,9 @@ def _traced(
                 trace.tensor(
                     "TENSOR_BACKEND_OUTPUT", output.name, output.datatype.name, output.data
                 )
-    response.on_sent = trace.finish
-    response.sent_from = time.perf_counter_ns()
+    if not trace.parent_id:
+        response.on_sent = trace.finish
+        response.sent_from = time.perf_counter_ns()
 
 
 def _traced_hit(trace: Trace, response: InferResponse, start: int, prepared_at: int) -> None:
@@ -597,8 +626,9 @@ def _traced_hit(trace: Trace, response: InferResponse, start: int, prepared_at: 
     trace.stamp("REQUEST_START", start)
     trace.stamp("QUEUE_START", prepared_at)
     trace.stamp("REQUEST_END", time.perf_counter_ns())
-    response.on_sent = trace.finish
-    response.sent_from = time.perf_counter_ns()
+    if not trace.parent_id:
+        response.on_sent = trace.finish
+        response.sent_from = time.perf_counter_ns()
 
 
 def _traced_failure(trace: Trace | None, start: int) -> None:

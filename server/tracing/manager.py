@@ -153,6 +153,16 @@ class TraceManager:
         trace.sink = setting.write
         return trace
 
+    def child(self, parent: Trace, model_name: str, version: int, request_id: str) -> Trace:
+        """The trace of a step of the traced ensemble request ``parent``: its own id, written
+        with the parent (Triton's ``parent_id``)."""
+        trace = Trace(
+            next(self._ids), model_name, version, request_id, parent.context, parent.level,
+            parent_id=parent.id,
+        )
+        parent.children.append(trace)
+        return trace
+
     # --- the trace setting requests -------------------------------------------------------
 
     def settings(self, model_name: str) -> dict[str, Any]:

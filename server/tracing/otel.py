@@ -6,7 +6,8 @@ transport's receive and send timestamps as events; under it a span named after t
 (attributes ``triton.model_name``, ``triton.model_version``, ``triton.trace_id``,
 ``triton.trace_parent_id``, ``triton.request_id``) with the request's events
 (``REQUEST_START``, ``QUEUE_START``, ``REQUEST_END``...); under that a ``compute`` span with
-the ``COMPUTE_*`` events. A request whose ``traceparent`` is valid continues that trace: the
+the ``COMPUTE_*`` events; an ensemble's steps are model spans under the ensemble's. A
+request whose ``traceparent`` is valid continues that trace: the
 top-level span's parent is the caller's span, so the trace id is the caller's. Span times are
 wall-clock (monotonic stamps shifted by the offset taken at start, as Triton does).
 
@@ -57,20 +58,34 @@ class OtelExporter:
         )
         for name, ns in before:
             root.add_event(name, timestamp=wall + ns)
+        self._model_spans(trace, root, before[-1][1])
+        for name, ns in after:
+            root.add_event(name, timestamp=wall + ns)
+        root.end(end_time=wall + (after[-1][1] if after else time.perf_counter_ns()))
+
+    def _model_spans(self, trace: Trace, parent: Any, received: int) -> None:
+        """The model span of ``trace`` under ``parent``, its compute span, and its ensemble
+        steps' model spans under it."""
+        from opentelemetry import trace as api
+
+        wall = self._offset
+        server = api.SpanKind.SERVER
         stamps = dict(trace.timestamps)
-        start = stamps.get("REQUEST_START", before[-1][1])
+        start = stamps.get("REQUEST_START", received)
         attributes: dict[str, Any] = {
             "triton.model_name": trace.model_name,
             "triton.model_version": trace.model_version,
             "triton.trace_id": trace.id,
-            "triton.trace_parent_id": 0,
+            "triton.trace_parent_id": trace.parent_id,
         }
         if trace.request_id:
             attributes["triton.request_id"] = trace.request_id
         model = self._tracer.start_span(
-            trace.model_name, context=api.set_span_in_context(root), kind=server,
+            trace.model_name, context=api.set_span_in_context(parent), kind=server,
             start_time=wall + start, attributes=attributes,
         )
+        for child in trace.children:
+            self._model_spans(child, model, start)
         compute = None
         for name, ns in trace.timestamps:
             if name == "COMPUTE_START":
@@ -87,9 +102,6 @@ class OtelExporter:
         if compute is not None:  # (a failed request may stop mid-compute)
             compute.end(end_time=wall + trace.timestamps[-1][1])
         model.end(end_time=wall + stamps.get("REQUEST_END", trace.timestamps[-1][1]))
-        for name, ns in after:
-            root.add_event(name, timestamp=wall + ns)
-        root.end(end_time=wall + (after[-1][1] if after else time.perf_counter_ns()))
 
     def close(self) -> None:
         """Send what is queued, then stop the processor's thread."""

@@ -35,8 +35,13 @@ class Trace:
     #: (name, ns) of the data plane's activities: REQUEST_START ... REQUEST_END
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     tensors: list[TracedTensor] = field(default_factory=list)
-    #: the writer of the setting that sampled it (set by ``TraceManager``)
+    #: the writer of the setting that sampled it (set by ``TraceManager``; None for a child,
+    #: written with its parent)
     sink: Callable[[Trace, int, int], None] | None = None
+    #: the trace of the ensemble request this one is a step of (0: none)
+    parent_id: int = 0
+    #: the traces of its ensemble steps, in the order they started
+    children: list[Trace] = field(default_factory=list)
 
     @property
     def wants_tensors(self) -> bool:

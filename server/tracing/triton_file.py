@@ -1,8 +1,9 @@
 """Triton mode's output: each trace as Triton writes it (``src/tracer.cc``), a run of JSON
 objects sharing the trace's ``id`` — the transport's receive timestamps, the model record
-(``model_name``, ``model_version``, ``request_id`` if any), one object per activity
-timestamp, ``TENSORS`` records, the send timestamps — and the files they go to. At the
-TENSORS level alone there are no timestamps.
+(``model_name``, ``model_version``, ``request_id`` if any, ``parent_id`` for an ensemble's
+step), one object per activity timestamp, ``TENSORS`` records, the send timestamps, then the
+traces of its ensemble steps — and the files they go to. At the TENSORS level alone there are
+no timestamps.
 
 With ``log_frequency`` 0 the traces are kept until the setting is replaced or the server
 stops, then appended to ``trace_file``, one JSON array closed when the server stops; with
@@ -26,14 +27,29 @@ log = logging.getLogger("server.trace")
 
 
 def render(trace: Trace, send_start: int, send_end: int) -> str:
-    """The trace's JSON objects, comma-separated (one element run of the file's array)."""
+    """The trace's JSON objects, then its ensemble steps' (each a trace with a
+    ``parent_id``), comma-separated (one element run of the file's array)."""
+    parts = [_render(trace, send_start, send_end)]
+    pending = list(trace.children)
+    while pending:
+        child = pending.pop(0)
+        parts.append(_render(child, 0, 0))
+        pending += child.children
+    return ",".join(parts)
+
+
+def _render(trace: Trace, send_start: int, send_end: int) -> str:
     head = f'{{"id":{trace.id},'
     record: dict[str, object] = {
         "id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version,
     }
     if trace.request_id:
         record["request_id"] = trace.request_id
+    if trace.parent_id:
+        record["parent_id"] = trace.parent_id
     before, after = trace.front_end_stamps(send_start, send_end)
+    if trace.parent_id:  # a step: the transport's times are its parent's
+        before, after = [], []
     timed = "TIMESTAMPS" in trace.level
     if not timed:  # TENSORS alone (the record is kept, Triton's file would lack it)
         before, after = [], []

@@ -34,8 +34,29 @@ HTTP_ORDER = [
 ]
 
 
+#: Two ``echo`` steps, one after the other.
+ENSEMBLE = """name: "twice"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "echo" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "middle" } },
+  { model_name: "echo" model_version: -1
+    input_map { key: "INPUT0" value: "middle" } output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+"""
+
+
 def _repository(root: Path) -> Path:
     make_models.save(make_models.identity("FP32", ["batch", 4]), root / "echo" / "1" / "model.onnx")
+    make_models.write_text(
+        make_models.config_pbtxt("echo", 8, [("INPUT0", "FP32", [4])], [("OUTPUT0", "FP32", [4])]),
+        root / "echo" / "config.pbtxt",
+    )
+    (root / "twice" / "1").mkdir(parents=True)
+    make_models.write_text(ENSEMBLE, root / "twice" / "config.pbtxt")
     return root
 
 
@@ -166,12 +187,12 @@ def test_refusals_with_tritons_texts(server: ServerProcess) -> None:
     assert http.get_trace_settings()["trace_rate"] == "1"  # nothing changed
 
 
-def _http_infer(server: ServerProcess, request_id: str, headers: dict[str, str] | None = None
-                ) -> None:
+def _http_infer(server: ServerProcess, request_id: str, headers: dict[str, str] | None = None,
+                model: str = "echo") -> None:
     client = httpclient.InferenceServerClient(server.url)
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
-    client.infer("echo", [tensor], request_id=request_id, headers=headers)
+    client.infer(model, [tensor], request_id=request_id, headers=headers)
 
 
 def _grpc_infer(server: ServerProcess, request_id: str, headers: dict[str, str] | None = None
@@ -184,15 +205,16 @@ def _grpc_infer(server: ServerProcess, request_id: str, headers: dict[str, str] 
 
 def _traces_of(path: Path, request_id: str, expected: int = 1, timeout: float = 10.0
                ) -> list[list[dict[str, Any]]]:
-    """The traces (each its JSON objects) of requests with ``request_id`` in the indexed
-    files, once there are ``expected`` of them."""
+    """The traces (each its JSON objects) of client requests with ``request_id`` in the
+    indexed files (not their ensemble steps'), once there are ``expected`` of them."""
     deadline = time.monotonic() + timeout
     found: list[list[dict[str, Any]]] = []
     while time.monotonic() < deadline:
         found = []
         for file in path.parent.glob(path.name + ".*"):
             objects = json.loads(file.read_text())
-            ids = {o["id"] for o in objects if o.get("request_id") == request_id}
+            ids = {o["id"] for o in objects
+                   if o.get("request_id") == request_id and "parent_id" not in o}
             found += [[o for o in objects if o["id"] == i] for i in sorted(ids)]
         if len(found) >= expected:
             return found
@@ -245,6 +267,24 @@ def test_grpc_stream_requests_are_traced(
     (trace,) = _traces_of(traced[1], "streamed")
     assert _names(trace)[-2:] == ["GRPC_SEND_START", "GRPC_SEND_END"]
     _check_clock(trace)
+
+
+def test_ensemble_steps_are_child_traces(
+    server: ServerProcess, traced: tuple[ServerProcess, Path]
+) -> None:
+    _http_infer(server, "ensemble", model="twice")
+    (trace,) = _traces_of(traced[1], "ensemble")
+    parent = trace[2]["id"]
+    assert trace[2] == {"id": parent, "model_name": "twice", "model_version": 1,
+                        "request_id": "ensemble"}
+    assert _names(trace) == [*HTTP_ORDER[:4], *HTTP_ORDER[8:]]  # no compute of its own
+    files = traced[1].parent.glob(traced[1].name + ".*")
+    objects = [o for f in files for o in json.loads(f.read_text())]
+    children = [o for o in objects if o.get("parent_id") == parent]
+    assert [c["model_name"] for c in children] == ["echo", "echo"]
+    for child in children:
+        steps = [o for o in objects if o["id"] == child["id"]]
+        assert _names(steps) == HTTP_ORDER[2:-2] and child["request_id"] == "ensemble"
 
 
 def test_tensors_level(server: ServerProcess, traced: tuple[ServerProcess, Path]) -> None:
@@ -307,6 +347,19 @@ def test_opentelemetry_settings_answer(otel: tuple[ServerProcess, OtlpReceiver])
         "resource": "deployment=test", "bsp_max_queue_size": "2048",
         "bsp_max_export_batch_size": "512",
     }
+
+
+def test_an_ensemble_has_spans_for_each_step(otel: tuple[ServerProcess, OtlpReceiver]) -> None:
+    process, receiver = otel
+    before = len(receiver.spans)
+    _http_infer(process, "ensemble", {"traceparent": TRACEPARENT}, model="twice")
+    spans = receiver.wait_for(before + 6)[before:]
+    names = sorted(span.name for span in spans)
+    assert names == ["InferRequest", "compute", "compute", "echo", "echo", "twice"]
+    ids = {span.name: span.span_id for span in spans if span.name in ("InferRequest", "twice")}
+    steps = [span for span in spans if span.name == "echo"]
+    assert {span.parent_span_id for span in steps} == {ids["twice"]}
+    assert next(s for s in spans if s.name == "twice").parent_span_id == ids["InferRequest"]
 
 
 @pytest.mark.parametrize("transport", ["HTTP", "GRPC"])
