@@ -569,7 +569,19 @@ def _triton_options(
             warnings.append(triton_flags.check(name, values))
         except triton_flags.Refusal as exc:
             _refuse(parser, str(exc))
+    for name, form in _DEPRECATED_TRACE_FLAGS.items():  # as tritonserver warns
+        if getattr(args, _dest(name).removeprefix("triton_")):
+            warnings.append(f"{name} is deprecated: use --trace-config {form} instead")
     return tuple(warnings)
+
+
+_DEPRECATED_TRACE_FLAGS = {
+    "--trace-file": "triton,file=<path>",
+    "--trace-level": "level=<OFF|TIMESTAMPS|TENSORS>",
+    "--trace-rate": "rate=<rate>",
+    "--trace-count": "count=<count>",
+    "--trace-log-frequency": "triton,log-frequency=<value>",
+}
 
 
 def _settings(args: argparse.Namespace) -> Settings:

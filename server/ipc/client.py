@@ -154,7 +154,8 @@ class ExecutorClient:
     def _given_up(self, done: m.Done) -> None:
         """An answer nobody will send: its outputs are freed, its trace ends unsent."""
         self._release_outputs(done)
-        self._sent(done.id, 0, 0)
+        if done.traced:
+            self._sent(done.id, 0, 0)
 
     def _sent(self, call_id: int, start: int, end: int) -> None:
         if self._channel is not None:

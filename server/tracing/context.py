@@ -16,7 +16,7 @@ from dataclasses import dataclass
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
-@dataclass
+@dataclass(slots=True)
 class TraceContext:
     protocol: str  # "HTTP" or "GRPC", the prefix of its receive and send timestamps
     recv_start: int

@@ -45,6 +45,17 @@ def test_deprecated_flags_and_trace_config_winning_over_them() -> None:
     assert (config.file, config.rate) == ("/b", 9)
 
 
+def test_the_deprecated_flags_are_warned_about() -> None:
+    command_line = parse_command_line(
+        ["--model-repository=/m", "--trace-file=/a", "--trace-rate=2", "--trace-config=rate=3"],
+        environ={},
+    )
+    assert command_line.warnings == (
+        "--trace-file is deprecated: use --trace-config triton,file=<path> instead",
+        "--trace-rate is deprecated: use --trace-config rate=<rate> instead",
+    )
+
+
 def test_opentelemetry_mode_with_its_settings_and_processor_defaults() -> None:
     config = parse(
         ["mode=opentelemetry", "opentelemetry,url=http://collector:4318/v1/traces",
