@@ -56,6 +56,7 @@ from server.scheduling.ensemble import StepResult
 from server.scheduling.job import Job
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
+from server.tracing import stamps
 from server.tracing.manager import TraceManager
 from server.tracing.record import Trace
 
@@ -266,7 +267,7 @@ class DataPlane:
                         compute_sink,
                     )
                     if trace is not None:
-                        _traced_hit(trace, answer, start, prepared_at)
+                        stamps.cache_hit(trace, answer, start, prepared_at)
                     return answer
             job = Job(
                 prepared.inputs,
@@ -310,12 +311,12 @@ class DataPlane:
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
             self._log_request(request, served, "CANCELED", start)
-            _traced_failure(trace, start)
+            stamps.failure(trace, start)
             raise
         except Exception as exc:
             served.stats.record_failure(time.perf_counter_ns() - start, failure_reason(exc))
             self._log_failure(request, served, exc, start)
-            _traced_failure(trace, start)
+            stamps.failure(trace, start)
             raise
         finished = time.perf_counter_ns()
         if digest is not None:  # a miss: its insert counts in the request's duration
@@ -341,9 +342,9 @@ class DataPlane:
             id=request.id,
         )
         if trace is not None:
-            _traced(
-                trace, request, response, job, compute, (start, queued_at, finished, done),
-                not ensemble,
+            stamps.success(
+                trace, request, response, job.times, compute,
+                (start, queued_at, finished, done), not ensemble,
             )
         return response
 
@@ -578,65 +579,6 @@ def _required(value: T | None) -> T:
     if value is None:
         raise InternalError("model version is not fully loaded")
     return value
-
-
-def _traced(
-    trace: Trace,
-    request: InferRequest,
-    response: InferResponse,
-    job: Job,
-    compute: tuple[int, int, int],
-    times: tuple[int, int, int, int],
-    computes: bool,
-) -> None:
-    """A traced request's activity timestamps (``times``: its start, queueing, answer made,
-    end), the compute ones from the durations the scheduler measured (none for an ensemble,
-    whose steps compute), and its tensors. A client's request's trace ends when the
-    transport has sent the response; an ensemble step's is written with its parent."""
-    start, queued_at, finished, done = times
-    stamps = [("REQUEST_START", start), ("QUEUE_START", queued_at)]
-    if computes:
-        computing = queued_at + job.times.queue_ns
-        input_end = computing + (compute[0] if job.times.breakdown else 0)
-        output_start = input_end + job.times.compute_ns
-        compute_end = output_start + (compute[2] if job.times.breakdown else 0)
-        stamps += [
-            ("COMPUTE_START", computing), ("COMPUTE_INPUT_END", input_end),
-            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end),
-        ]
-    stamps += [("INFER_RESPONSE_COMPLETE", finished), ("REQUEST_END", done)]
-    for name, ns in stamps:
-        trace.stamp(name, ns)
-    if trace.wants_tensors:
-        for tensor in request.inputs:
-            if type(tensor.data) is np.ndarray:
-                trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype.name, tensor.data)
-        for output in response.outputs:
-            if type(output.data) is np.ndarray:
-                trace.tensor(
-                    "TENSOR_BACKEND_OUTPUT", output.name, output.datatype.name, output.data
-                )
-    if not trace.parent_id:
-        response.on_sent = trace.finish
-        response.sent_from = time.perf_counter_ns()
-
-
-def _traced_hit(trace: Trace, response: InferResponse, start: int, prepared_at: int) -> None:
-    """A response cache hit: no queue, no compute."""
-    trace.stamp("REQUEST_START", start)
-    trace.stamp("QUEUE_START", prepared_at)
-    trace.stamp("REQUEST_END", time.perf_counter_ns())
-    if not trace.parent_id:
-        response.on_sent = trace.finish
-        response.sent_from = time.perf_counter_ns()
-
-
-def _traced_failure(trace: Trace | None, start: int) -> None:
-    """A failed request's trace is written as it stands: nothing was sent."""
-    if trace is not None:
-        trace.stamp("REQUEST_START", start)
-        trace.stamp("REQUEST_END", time.perf_counter_ns())
-        trace.finish(0, 0)
 
 
 def _client_shape(
