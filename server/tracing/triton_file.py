@@ -15,6 +15,7 @@ JSON whatever the names hold (Triton writes them unescaped).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import IO
 
@@ -114,8 +115,12 @@ class TraceFile:
             if indexed:
                 name = f"{self.path}.{self._index}"
                 self._index += 1
-                with open(name, "w", encoding="utf-8") as out:
+                # Whole or not at all, for whoever reads the files as they come.
+                folder, base = os.path.split(name)
+                partial = os.path.join(folder, f".{base}.partial")
+                with open(partial, "w", encoding="utf-8") as out:
                     out.write("[" + ",".join(traces) + "]")
+                os.replace(partial, name)
                 return
             if self._handle is None:
                 self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
