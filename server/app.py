@@ -149,7 +149,7 @@ async def serve(settings: Settings) -> int:
         except TimeoutError:
             log.warning("HTTP connections did not close within %.1f s", close_secs)
     await repository.close(None if finished else 0)
-    dataplane.shared_memory.close()
+    dataplane.close()
     log.info("stopped")
     if not finished:
         # Threads still run those requests, and Python would wait for them at exit.

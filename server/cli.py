@@ -15,7 +15,7 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -32,6 +32,7 @@ from server.settings import (
     GrpcKeepalive,
     Settings,
 )
+from server.tracing import config as tracing_config
 
 #: The words a launch line may start with before the flags.
 PROGRAM_WORDS = ("tritonserver",)
@@ -316,6 +317,7 @@ def build_parser() -> _Parser:
     bool_flag("--log-info", True, "Log info messages")
     bool_flag("--log-warning", True, "Log warnings")
     bool_flag("--log-error", True, "Log errors")
+    _trace_flags(flag)
     _not_implemented_flags(parser)
     # Restricted APIs and gRPC TLS (server.restricted, server.tls).
     categories = ", ".join(restricted.CATEGORIES)
@@ -376,6 +378,23 @@ def _keepalive_flags(parser: argparse.ArgumentParser) -> None:
     flag("--grpc-max-connection-age-grace", type=int, default=None, metavar="MS",
          help="After the max age, close the connection once this long has passed "
               "(default: no limit)")
+
+
+def _trace_flags(flag: Callable[..., object]) -> None:
+    """The trace extension's start-up settings (``server.tracing.config``)."""
+    flag("--trace-config", action="append", default=[], metavar="<mode>,<setting>=<value>",
+         help="A trace setting: global (level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, "
+              "mode=triton|opentelemetry) or of a mode (triton,file=PATH, "
+              "triton,log-frequency=N, opentelemetry,url=URL, "
+              "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_*=N); repeatable")
+    flag("--trace-file", action="append", default=[], metavar="PATH",
+         help="Deprecated form of --trace-config triton,file=PATH")
+    flag("--trace-level", action="append", default=[], metavar="LEVEL",
+         help="Deprecated form of --trace-config level=LEVEL")
+    for name, form in (("rate", "rate=N"), ("count", "count=N"),
+                       ("log-frequency", "triton,log-frequency=N")):
+        flag(f"--trace-{name}", type=int, action="append", default=[], metavar="N",
+             help=f"Deprecated form of --trace-config {form}")
 
 
 def _not_implemented_flags(parser: argparse.ArgumentParser) -> None:
@@ -484,6 +503,19 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         _refuse(parser, "--model-config-name must be a file name, without spaces or slashes.")
     _secure_options(parser, args)
     args.response_cache_byte_size = _cache_size(parser, args)
+    try:
+        args.trace = tracing_config.parse(
+            args.trace_config,
+            {
+                "file": args.trace_file,
+                "level": args.trace_level,
+                "rate": [str(v) for v in args.trace_rate],
+                "count": [str(v) for v in args.trace_count],
+                "log-frequency": [str(v) for v in args.trace_log_frequency],
+            },
+        )
+    except tracing_config.TraceConfigError as exc:
+        _refuse(parser, str(exc))
 
 
 def _cache_size(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
@@ -537,7 +569,19 @@ def _triton_options(
             warnings.append(triton_flags.check(name, values))
         except triton_flags.Refusal as exc:
             _refuse(parser, str(exc))
+    for name, form in _DEPRECATED_TRACE_FLAGS.items():  # as tritonserver warns
+        if getattr(args, _dest(name).removeprefix("triton_")):
+            warnings.append(f"{name} is deprecated: use --trace-config {form} instead")
     return tuple(warnings)
+
+
+_DEPRECATED_TRACE_FLAGS = {
+    "--trace-file": "triton,file=<path>",
+    "--trace-level": "level=<OFF|TIMESTAMPS|TENSORS>",
+    "--trace-rate": "rate=<rate>",
+    "--trace-count": "count=<count>",
+    "--trace-log-frequency": "triton,log-frequency=<value>",
+}
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -597,6 +641,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         cuda_memory_pool_byte_size=dict(args.cuda_memory_pool_byte_size),
         frontends=args.frontends,
         response_cache_byte_size=args.response_cache_byte_size,
+        trace=args.trace,
         http_restricted_apis=args.http_restricted_api,
         grpc_restricted_protocols=args.grpc_restricted_protocol,
         grpc_use_ssl=args.grpc_use_ssl,

@@ -7,6 +7,7 @@ transport. Results are plain records or dicts in the V2 JSON shape.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -46,6 +47,7 @@ from server.protocol.types import (
     response_parameters,
 )
 from server.protocol.validation import validate
+from server.repository import ensemble_config
 from server.repository.config import parse_json_config
 from server.repository.loader import ModelVersion, State
 from server.repository.manager import ModelRepository
@@ -55,9 +57,17 @@ from server.scheduling.ensemble import StepResult
 from server.scheduling.job import Job
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
+from server.tracing import stamps
+from server.tracing.manager import TraceManager
+from server.tracing.record import Trace
 
 log = logging.getLogger("server")
 T = TypeVar("T")
+#: The trace of the ensemble request whose steps the current task runs (set only while a
+#: traced ensemble request executes: its step tasks inherit it).
+_ENSEMBLE_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
+    "ensemble_trace", default=None
+)
 _BYTES = datatypes.from_name("BYTES")
 
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
@@ -71,6 +81,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "trace",
     "logging",
 )
 
@@ -100,6 +111,7 @@ class DataPlane:
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
         size = settings.response_cache_byte_size
         self.response_cache = response_cache.ResponseCache(size) if size else None
+        self.tracer = TraceManager(settings.trace)
         # Ensembles send their steps back through this data plane (tests may pass no repository).
         ensembles = getattr(repository, "ensembles", None)
         if ensembles is not None:
@@ -226,6 +238,9 @@ class DataPlane:
         start = time.perf_counter_ns()
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
+        trace = None
+        if self.tracer.active:  # the one check when tracing is off
+            trace = self._trace(request, served)
         if spec.decoupled:  # (the transports refuse it first, each with Triton's text)
             raise Unsupported(
                 f"model '{spec.name}' uses the decoupled transaction policy: its responses "
@@ -251,10 +266,13 @@ class DataPlane:
                 cached = self._lookup(digest)
                 looked_up = time.perf_counter_ns()
                 if cached is not None:
-                    return self._answer_from_cache(
+                    answer = self._answer_from_cache(
                         request, served, spec, cached, start, prepared_at, looked_up,
                         compute_sink,
                     )
+                    if trace is not None:
+                        stamps.cache_hit(trace, answer, start, prepared_at)
+                    return answer
             job = Job(
                 prepared.inputs,
                 prepared.output_names,
@@ -266,8 +284,15 @@ class DataPlane:
             )
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.
-            with served.gate.admit():
-                results = await self._execute(served, spec, request, job)
+            queued_at = time.perf_counter_ns() if trace is not None else 0
+            ensemble = trace is not None and ensemble_config.is_ensemble(_required(served.config))
+            token = _ENSEMBLE_TRACE.set(trace) if ensemble else None
+            try:
+                with served.gate.admit():
+                    results = await self._execute(served, spec, request, job)
+            finally:
+                if token is not None:
+                    _ENSEMBLE_TRACE.reset(token)
             executed_at = time.perf_counter_ns()
             outputs = []
             for name in prepared.output_names:
@@ -291,10 +316,12 @@ class DataPlane:
         except asyncio.CancelledError:
             served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
             self._log_request(request, served, "CANCELED", start)
+            stamps.failure(trace, start)
             raise
         except Exception as exc:
             served.stats.record_failure(time.perf_counter_ns() - start, failure_reason(exc))
             self._log_failure(request, served, exc, start)
+            stamps.failure(trace, start)
             raise
         finished = time.perf_counter_ns()
         if digest is not None:  # a miss: its insert counts in the request's duration
@@ -313,13 +340,29 @@ class DataPlane:
             done - start, job.times.queue_ns, *compute, prepared.batch_size
         )
         self._log_request(request, served, "OK", start)
-        return InferResponse(
+        response = InferResponse(
             model_name=spec.name,
             model_version=str(served.version),
             outputs=outputs,
             id=request.id,
             parameters=response_parameters(results),
         )
+        if trace is not None:
+            stamps.success(
+                trace, request, response, job.times, compute,
+                (start, queued_at, finished, done), not ensemble,
+            )
+        return response
+
+    def _trace(self, request: InferRequest, served: ModelVersion) -> Trace | None:
+        """The request's trace: a client's request if it is sampled, a step of a traced
+        ensemble request always (a child of that trace)."""
+        if request.trace is not None:
+            return self.tracer.start(served.name, served.version, request.id or "", request.trace)
+        parent = _ENSEMBLE_TRACE.get()
+        if parent is None:
+            return None
+        return self.tracer.child(parent, served.name, served.version, request.id or "")
 
     async def _cache_key(
         self,
@@ -515,6 +558,22 @@ class DataPlane:
         """The logging extension: this process's loggers (in the split layout the executor's;
         ``server.ipc.service`` passes the change on to the front ends)."""
         return logs.update(changes)
+
+    async def trace_settings(self, model_name: str, changes: dict[str, Any] | None) -> dict[
+        str, Any
+    ]:
+        """The trace extension: apply checked changes (``server.tracing.api``; None: just
+        read) to the global settings ("") or a model's; every setting after them."""
+        if model_name and not self._repository.is_ready(model_name, ""):
+            raise InvalidArgument(f"Request for unknown model : {model_name}")
+        if changes is not None:
+            self.tracer.update(model_name, changes)
+        return self.tracer.settings(model_name)
+
+    def close(self) -> None:
+        """The server stops: shared memory regions are unmapped, traces written out."""
+        self.shared_memory.close()
+        self.tracer.close()
 
     def _require_explicit_mode(self) -> None:
         if self._settings.model_control_mode != "explicit":

@@ -65,3 +65,10 @@ class Plane(Protocol):
     async def log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply checked log setting changes (none: just read) everywhere; all settings."""
         ...
+
+    async def trace_settings(
+        self, model_name: str, changes: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Apply checked trace setting changes (None: just read) to the global settings
+        ("") or a model's; all its settings."""
+        ...

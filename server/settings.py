@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from server.cpu_quota import usable_cores
+from server.tracing.config import TraceConfig
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's HTTP_DEFAULT_MAX_INPUT_SIZE
 DEFAULT_HTTP_MAX_HEADER_SIZE = 1 << 16  # request line + headers, Tornado's default
@@ -84,6 +85,7 @@ class Settings:
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)  # GPU -> bytes
     response_cache_byte_size: int | None = None  # the local response cache; None: none
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config, --trace-*
     frontends: int | None = None  # front-end processes; 0: one process; None: by the cores
     # Restricted APIs (``server.restricted``): category -> (header, value); gRPC's headers
     # carry the "triton-grpc-protocol-" prefix. gRPC TLS: PEM files (``server.tls``).

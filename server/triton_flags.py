@@ -56,7 +56,6 @@ def _refused(value: str, why: str, *harmless: str) -> Compat:
 
 _SAGEMAKER_OFF = "only the SageMaker endpoint uses it, and that endpoint is not served"
 _VERTEX_OFF = "only the Vertex AI endpoint uses it, and that endpoint is not served"
-_NO_TRACING = "request tracing is not implemented"
 _NO_RATE_LIMIT = "the rate limiter is not implemented"
 
 #: Every option of ``tritonserver --help`` (2.51), plus ``--version``.
@@ -156,12 +155,12 @@ TRITON_FLAGS: dict[str, Compat] = {
     "--metrics-interval-ms": _IMPLEMENTED,
     "--metrics-config": _IMPLEMENTED,
     # Tracing (the trace-* options are deprecated forms of --trace-config)
-    "--trace-config": _refused("str", _NO_TRACING, "level=off"),
-    "--trace-file": _refused("str", _NO_TRACING),
-    "--trace-level": _refused("str", _NO_TRACING, "off"),
-    "--trace-rate": _refused("int", _NO_TRACING),
-    "--trace-count": _refused("int", _NO_TRACING),
-    "--trace-log-frequency": _ignored("int", "tracing is off, so there is no trace file to split"),
+    "--trace-config": _IMPLEMENTED,
+    "--trace-file": _IMPLEMENTED,
+    "--trace-level": _IMPLEMENTED,
+    "--trace-rate": _IMPLEMENTED,
+    "--trace-count": _IMPLEMENTED,
+    "--trace-log-frequency": _IMPLEMENTED,
     # Backends, repository agents, cache
     "--backend-directory": _ignored(
         "str", "backends are Python packages inside tensorgate, not shared libraries"

@@ -1,7 +1,7 @@
 """``inference.GRPCInferenceService`` over grpc.aio: translate, call the data plane, translate.
 
 Errors come from the shared hierarchy and map to gRPC codes through ``server.errors``; no RPC
-chooses a code itself. RPCs whose extension has not landed answer UNIMPLEMENTED, naming it.
+chooses a code itself.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,8 @@ from server.protocol.streaming import EMPTY_FINAL_PARAMETER
 from server.protocol.types import InferRequest, InferResponse
 from server.repository.overrides import FILE_PREFIX
 from server.threads import off_loop_if_large
+from server.tracing import api as trace_api
+from server.tracing.context import TraceContext
 
 log = logging.getLogger("server.grpc")
 
@@ -75,6 +78,14 @@ def _decode(
     return grpc_codec.decode_request(request, spec, raw)
 
 
+def _traceparent(context: Context) -> str:
+    """The call's W3C ``traceparent`` metadata ("" without one)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return ""
+
+
 #: Triton's answer to a unary inference request for a decoupled model (UNSUPPORTED).
 MODEL_INFER_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
@@ -99,15 +110,6 @@ def _empty_final(request: pb.ModelInferRequest, spec: ModelSpec, version: str) -
     )
     response.parameters[grpc_codec.FINAL_RESPONSE].bool_param = True
     return pb.ModelStreamInferResponse(infer_response=response).SerializeToString()
-
-
-def _not_yet(rpc: str, area: str) -> Handler[Any, Any]:
-    @_unary
-    async def handler(self: Any, request: Any, context: Context) -> Any:
-        raise Unsupported(f"{rpc} is not implemented yet ({area})")
-
-    handler.__name__ = rpc
-    return handler
 
 
 def _shm_status(kind: str, response_type: Any) -> Handler[Any, Any]:
@@ -201,8 +203,10 @@ class InferenceServicer:
     @_unary
     async def ModelInfer(self, request: bytes, context: Context) -> bytes:
         """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice."""
+        received = time.perf_counter_ns()
         message, raw = grpc_codec.split_request(request)
-        return await self._infer(message, raw, len(request), stream=False)
+        trace = TraceContext("GRPC", received, time.perf_counter_ns(), _traceparent(context))
+        return await self._infer(message, raw, len(request), stream=False, trace=trace)
 
     async def _infer(
         self,
@@ -210,10 +214,11 @@ class InferenceServicer:
         raw: list[memoryview],
         size: int,
         stream: bool,
+        trace: TraceContext | None = None,
     ) -> bytes:
         """The serialized reply: a ``ModelInferResponse``, or with ``stream`` the
         ``ModelStreamInferResponse`` carrying it."""
-        replies = self._replies(request, raw, size, stream)
+        replies = self._replies(request, raw, size, stream, trace)
         try:
             async for reply in replies:
                 return reply
@@ -227,6 +232,7 @@ class InferenceServicer:
         raw: list[memoryview],
         size: int,
         stream: bool,
+        trace: TraceContext | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The serialized replies: one ``ModelInferResponse``, or with ``stream`` each
         ``ModelStreamInferResponse`` (a decoupled model's many; an error among them as an
@@ -242,6 +248,7 @@ class InferenceServicer:
                 # The copy into pinned memory, typed contents and BYTES elements (converted one
                 # by one) are work of the size of the message: off the loop when large.
                 decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
+                decoded.trace = trace
                 if not decoupled:
                     response = await self._dataplane.infer(decoded)
                     yield await self._encoded(response, stream, True)
@@ -294,11 +301,15 @@ class InferenceServicer:
         running: set[asyncio.Task[None]] = set()
         window = StreamWindow()
 
+        traceparent = _traceparent(context)
+
         async def answer(data: bytes) -> None:
             request = pb.ModelInferRequest()
             try:
+                received = time.perf_counter_ns()
                 request, raw = grpc_codec.split_request(data)
-                async for reply in self._replies(request, raw, len(data), stream=True):
+                trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
+                async for reply in self._replies(request, raw, len(data), True, trace):
                     window.replied(len(reply))
                     replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
@@ -408,7 +419,15 @@ class InferenceServicer:
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
-    TraceSetting = _not_yet("TraceSetting", "trace extension")
+    @_unary
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Context
+    ) -> pb.TraceSettingResponse:
+        if request.model_name and request.settings:  # an unknown model first (as Triton)
+            await self._dataplane.trace_settings(request.model_name, None)
+        changes = trace_api.from_grpc(request.settings) if request.settings else None
+        current = await self._dataplane.trace_settings(request.model_name, changes)
+        return trace_api.to_grpc(current)
 
     @_unary
     async def LogSettings(

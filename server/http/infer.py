@@ -37,6 +37,7 @@ from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.settings import Settings
 from server.threads import off_loop_if_large, run_in_thread
+from server.tracing.context import TraceContext
 
 #: A model's routes, and its infer route as Tornado matches it: against the path before any
 #: ``?``, still percent-encoded.
@@ -90,6 +91,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         self._path = path
         self._refusal = refusal
         self._start = time.time()
+        self._received = (time.perf_counter_ns(), 0)  # for a trace: headers in, body in
         self._request_line: httputil.RequestStartLine | None = None
         self._headers = httputil.HTTPHeaders()
         self._encoding: str | None = None
@@ -192,6 +194,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         """The whole body is in: serve it (Tornado calls this only while unanswered)."""
+        self._received = (self._received[0], time.perf_counter_ns())
         self._body_read()
         if self._drained_refusal:  # answered in headers_received; the body has been dropped
             self._end()
@@ -252,6 +255,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
             service.max_input_size,
         )
         self._request_id = request.id
+        request.trace = TraceContext("HTTP", *self._received, self._headers.get("traceparent", ""))
         response = await service.dataplane.infer(request)
         try:
             encoded = await off_loop_if_large(

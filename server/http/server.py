@@ -33,6 +33,7 @@ from server.http.repository import (
     StatisticsHandler,
 )
 from server.http.shared_memory import SharedMemoryHandler
+from server.http.trace_settings import TraceSettingHandler
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.settings import Settings
@@ -64,6 +65,8 @@ def make_app(dataplane: Plane, settings: Settings) -> tornado.web.Application:
             (r"/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)", RepositoryLoadHandler, common),
             (r"/v2/models/stats", StatisticsHandler, common),
             (r"/v2/logging", LoggingHandler, common),
+            (r"/v2/trace/setting", TraceSettingHandler, common),
+            (r"/v2/models/([^/]+)/trace/setting", TraceSettingHandler, common),
             (_SHARED_MEMORY, SharedMemoryHandler, common),
             (_MODEL + r"/stats", StatisticsHandler, common),
             (_MODEL + r"/ready", ModelReadyHandler, common),

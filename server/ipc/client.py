@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -108,12 +109,12 @@ class ExecutorClient:
             return
         if isinstance(message, m.Streamed):  # its stream was given up: free its outputs
             if message.done is not None:
-                self._release_outputs(message.done)
+                self._given_up(message.done)
             return
         future = self._pending.pop(message.id, None)
         if future is None or future.done():
             if isinstance(message, m.Done):  # its request was given up: free its outputs
-                self._release_outputs(message)
+                self._given_up(message)
             return
         future.set_result(message)
 
@@ -149,6 +150,16 @@ class ExecutorClient:
         offsets = _arena_offsets(done)
         if offsets and self._channel is not None:
             self._channel.send(m.Release(offsets))
+
+    def _given_up(self, done: m.Done) -> None:
+        """An answer nobody will send: its outputs are freed, its trace ends unsent."""
+        self._release_outputs(done)
+        if done.traced:
+            self._sent(done.id, 0, 0)
+
+    def _sent(self, call_id: int, start: int, end: int) -> None:
+        if self._channel is not None:
+            self._channel.send(m.Sent(call_id, start, end))
 
     async def in_flight_anywhere(self) -> int:
         """Requests the executor is running for any front end (0 once it is gone)."""
@@ -221,6 +232,12 @@ class ExecutorClient:
         result: dict[str, Any] = await self._call("log_settings", changes)
         return result
 
+    async def trace_settings(
+        self, model_name: str, changes: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("trace_settings", model_name, changes)
+        return result
+
     async def shm_unregister(self, kind: str, name: str) -> None:
         await self._call("shm_unregister", kind, name)
 
@@ -265,7 +282,7 @@ class ExecutorClient:
         if not future.cancelled() and future.exception() is None:
             reply = future.result()
             if isinstance(reply, m.Done):
-                self._release_outputs(reply)
+                self._given_up(reply)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
         """``infer`` answered by a stream of replies (``Streamed``). The arena blocks of the
@@ -323,7 +340,7 @@ class ExecutorClient:
                     if isinstance(item, m.Failed):
                         return
                     if item.done is not None:
-                        self._release_outputs(item.done)
+                        self._given_up(item.done)
                     if item.final:
                         return
             finally:
@@ -347,9 +364,10 @@ class ExecutorClient:
                 m.Wanted(o.name, o.parameters, shm_tuple(o.shared_memory))
                 for o in request.outputs
             ]
+        trace = None if request.trace is None else request.trace.as_tuple()
         return m.Infer(
             next(self._ids), request.model_name, request.model_version, request.id,
-            request.parameters, inputs, outputs, stream,
+            request.parameters, inputs, outputs, stream, trace,
         )
 
     def _response(self, done: m.Done) -> InferResponse:
@@ -364,6 +382,9 @@ class ExecutorClient:
         )
         if _arena_offsets(done):
             response.on_release = lambda: self._release_outputs(done)
+        if done.traced:
+            response.on_sent = lambda start, end: self._sent(done.id, start, end)
+            response.sent_from = time.perf_counter_ns()
         return response
 
 

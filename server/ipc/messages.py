@@ -50,6 +50,8 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     inputs: list[Tensor]
     outputs: list[Wanted] | None
     stream: bool = False
+    #: ``server.tracing.context.TraceContext.as_tuple()``: the transport's side of a trace
+    trace: tuple[str, int, int, str] | None = None
 
 
 class Cancel(msgspec.Struct, array_like=True, tag=2):
@@ -79,7 +81,16 @@ class Acknowledge(msgspec.Struct, array_like=True, tag=5):
     id: int
 
 
-ToExecutor = Infer | Cancel | Release | Call | Acknowledge
+class Sent(msgspec.Struct, array_like=True, tag=6):
+    """The traced request ``id``'s response (``Done.traced``) was handed to the transport at
+    ``start`` and written by ``end`` (0, 0: given up unsent)."""
+
+    id: int
+    start: int
+    end: int
+
+
+ToExecutor = Infer | Cancel | Release | Call | Acknowledge | Sent
 
 
 # --- executor -> front end ------------------------------------------------------------------
@@ -92,6 +103,8 @@ class Done(msgspec.Struct, array_like=True, tag=10):
     response_id: str | None
     parameters: dict[str, Any]
     outputs: list[Tensor]
+    #: the request is traced: answer with ``Sent`` once the response is written
+    traced: bool = False
 
 
 class Failed(msgspec.Struct, array_like=True, tag=11):

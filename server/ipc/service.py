@@ -33,6 +33,7 @@ from server.protocol.types import (
     RequestedOutput,
 )
 from server.threads import off_loop_if_large
+from server.tracing.context import TraceContext
 
 log = logging.getLogger("server.ipc")
 
@@ -54,6 +55,7 @@ _CALLS = {
     "shm_register_cuda": None,
     "shm_unregister": None,
     "log_settings": "logging",
+    "trace_settings": None,
 }
 
 
@@ -67,6 +69,8 @@ class _Connection:
         self.allocator = ArenaAllocator(out.size)
         self.outbox = Outbox(out.array, self.allocator.allocate)
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        #: traced requests answered, waiting for their ``Sent``
+        self.traced: dict[int, Callable[[int, int], None]] = {}
         self.channel: Channel[m.ToExecutor] | None = None
         self.lost = False
 
@@ -160,6 +164,9 @@ class ExecutorService:
         connection.channel = None
         for task in connection.tasks.values():
             task.cancel()
+        traced, connection.traced = connection.traced, {}
+        for finish in traced.values():
+            finish(0, 0)
         connection.close_when_idle(self.on_released)
 
     def _on_message(self, connection: _Connection, message: m.ToExecutor) -> None:
@@ -183,6 +190,10 @@ class ExecutorService:
             task = asyncio.create_task(self._call(connection, message))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
+        elif isinstance(message, m.Sent):
+            finish = connection.traced.pop(message.id, None)
+            if finish is not None:
+                finish(message.start, message.end)
         elif isinstance(message, m.Acknowledge):
             waiting = self._acks.pop(message.id, None)
             if waiting is not None and not waiting.done():
@@ -216,8 +227,15 @@ class ExecutorService:
             for offset in owned:
                 connection.allocator.free(offset)
             raise
+        traced = response.on_sent is not None
+        if response.on_sent is not None:  # ended by the front end's Sent
+            if connection.lost:
+                response.on_sent(0, 0)
+            else:
+                connection.traced[message.id] = response.on_sent
+            response.on_sent = None
         return m.Done(message.id, response.model_name, response.model_version, response.id,
-                      response.parameters, outputs)
+                      response.parameters, outputs, traced)
 
     async def _stream(
         self, connection: _Connection, message: m.Infer, request: InferRequest
@@ -259,9 +277,10 @@ class ExecutorService:
             outputs = [
                 RequestedOutput(o.name, o.parameters, shm_ref(o.shm)) for o in message.outputs
             ]
+        trace = None if message.trace is None else TraceContext(*message.trace)
         return InferRequest(
             message.model, message.version, inputs, outputs, message.request_id,
-            message.parameters,
+            message.parameters, trace,
         )
 
     async def _call(self, connection: _Connection, message: m.Call) -> None:

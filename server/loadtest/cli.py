@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from server.loadtest import cache_mix
 from server.loadtest.encoding import (
     check_grpc_response,
     check_http_response,
@@ -24,6 +25,7 @@ from server.loadtest.errors import BenchError, UsageError
 from server.loadtest.inputs import (
     ModelInfo,
     RequestInputs,
+    Tensor,
     generate_inputs,
     inputs_from_data,
     parse_shape_option,
@@ -229,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         '{"data": [...]}, first entry) or an .npz file',
     )
     load.add_argument(
+        "--cache-hit-ratio",
+        type=_ratio,
+        metavar="R",
+        help="this fraction of the requests send the same inputs (answered by a response "
+        "cache, once warm), the others new inputs each (misses); e.g. 0.8 (default: every "
+        "request the same)",
+    )
+    load.add_argument(
         "--measurement-seconds",
         type=_seconds(True),
         default=5.0,
@@ -270,6 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse now what would only fail after the whole sweep."""
     for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
@@ -299,6 +319,8 @@ def _describe(args: argparse.Namespace, host: str, port: int, inputs: RequestInp
         f"{args.model} (version {version}) over {wire} at {host}:{port}; inputs {tensors}; "
         f"{inputs.rows} row(s) per request; {args.measurement_seconds:g} s per concurrency "
         f"after {args.warmup_seconds:g} s of warm-up"
+        + ("" if args.cache_hit_ratio is None else
+           f"; {args.cache_hit_ratio:.0%} of requests repeat one input set, the rest new")
     )
 
 
@@ -313,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
     """The whole command once the flags parsed; BenchError for anything the user must see."""
     if args.protocol == "grpc" and not args.binary:
         raise UsageError("--json applies to HTTP only (gRPC sends raw tensor contents)")
+    if args.cache_hit_ratio is not None and not args.binary:
+        raise UsageError("--cache-hit-ratio needs binary tensors (not --json)")
     _check_outputs(args)
     host, port = parse_url(args.url or "127.0.0.1", args.protocol)
     api: ServerApi = (
@@ -322,19 +346,29 @@ def run(args: argparse.Namespace) -> int:
         model = api.model_info(args.model, args.model_version)
         inputs = _inputs(args, model)
         outputs = [spec.name for spec in model.outputs]
+        host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+        def encode(tensors: Sequence[Tensor]) -> bytes:
+            if args.protocol == "grpc":
+                return grpc_infer_request(args.model, args.model_version, tensors)
+            return http_infer_request(
+                host_header, args.model, args.model_version, tensors, outputs, args.binary
+            )
+
+        request = encode(inputs.tensors)
+        mix = None
+        if args.cache_hit_ratio is not None:
+            mix = cache_mix.plan(args.cache_hit_ratio, inputs.tensors, encode)
         if args.protocol == "grpc":
-            request = grpc_infer_request(args.model, args.model_version, inputs.tensors)
             problems = check_grpc_response(api.probe(request), outputs)
         else:
-            host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            request = http_infer_request(
-                host_header, args.model, args.model_version, inputs.tensors, outputs, args.binary
-            )
             problems = check_http_response(api.probe(request), outputs)
         if problems:
             raise BenchError("the server refused the request: " + "; ".join(problems))
         print(_describe(args, host, port, inputs), flush=True)
-        results = _sweep(args, api, model, inputs, request, host, port, outputs)
+        results = _sweep(args, api, model, inputs, LoadTarget(
+            args.protocol, host, port, request, mix
+        ), outputs)
     finally:
         api.close()
     failed = sum(r.errors for r in results)
@@ -349,9 +383,7 @@ def _sweep(
     api: ServerApi,
     model: ModelInfo,
     inputs: RequestInputs,
-    request: bytes,
-    host: str,
-    port: int,
+    target: LoadTarget,
     outputs: list[str],
 ) -> list[StepResult]:
     plan = SweepPlan(
@@ -362,7 +394,6 @@ def _sweep(
         workers=args.workers,
         max_workers=_max_workers(),
     )
-    target = LoadTarget(args.protocol, host, port, request)
 
     def check(raw: bytes) -> list[str]:
         if args.protocol == "grpc":

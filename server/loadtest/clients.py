@@ -1,6 +1,7 @@
 """Closed-loop load generators: each concurrency slot keeps exactly one request in flight.
 
-A request is encoded once and the same bytes are sent every time, and responses are only
+A request is encoded once and the same bytes are sent every time (``--cache-hit-ratio`` makes
+some of them new, ``server.loadtest.cache_mix``), and responses are only
 framed, never decoded (the first one is kept to be checked), so that a client process spends
 as little CPU per request as Python allows. HTTP uses one keep-alive connection per slot on
 asyncio's buffered protocol; gRPC uses grpc.aio with identity (de)serializers, the slots of a
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from server.loadtest.cache_mix import RequestStream
 from server.loadtest.measurements import Sample
 
 #: A call still unanswered this long after the end of its run is given up as an error.
@@ -148,12 +150,14 @@ class HttpLoadGenerator:
     def __init__(
         self,
         address: tuple[str, int],
-        request: bytes,
+        request: bytes | RequestStream,
         concurrency: int,
         response_capacity: int = 1 << 16,
     ) -> None:
         self._address = address
-        self._request = request
+        self._requests = request if isinstance(request, RequestStream) else RequestStream(
+            request, None
+        )
         self._concurrency = concurrency
         self._capacity = response_capacity
         self.framing = HttpFraming()
@@ -203,7 +207,7 @@ class HttpLoadGenerator:
         self._active = len(starting)
         for connection in starting:
             self._issued += 1
-            connection.send(self._request)
+            connection.send(self._requests.next())
         if self._active:
             try:
                 await asyncio.wait_for(asyncio.shield(self._done), seconds + STALL_S)
@@ -245,7 +249,7 @@ class HttpLoadGenerator:
                 self._reconnecting.add(task)
                 task.add_done_callback(self._reconnecting.discard)
             else:
-                connection.send(self._request)
+                connection.send(self._requests.next())
             return
         self._active -= 1
         if self._active == 0 and self._done is not None and not self._done.done():
@@ -262,7 +266,7 @@ class HttpLoadGenerator:
             self._next(lost)
             return
         self._connections[self._connections.index(lost)] = fresh
-        fresh.send(self._request)
+        fresh.send(self._requests.next())
 
 
 # --- gRPC -------------------------------------------------------------------------------------
@@ -279,7 +283,11 @@ class GrpcLoadGenerator:
     on ``channels`` channels (each its own TCP connection)."""
 
     def __init__(
-        self, address: tuple[str, int], request: bytes, concurrency: int, channels: int = 1
+        self,
+        address: tuple[str, int],
+        request: bytes | RequestStream,
+        concurrency: int,
+        channels: int = 1,
     ) -> None:
         host = f"[{address[0]}]" if ":" in address[0] else address[0]
         options = [
@@ -288,7 +296,9 @@ class GrpcLoadGenerator:
             # Without this, channels to one target share a subchannel (one TCP connection).
             ("grpc.use_local_subchannel_pool", 1),
         ]
-        self._request = request
+        self._requests = request if isinstance(request, RequestStream) else RequestStream(
+            request, None
+        )
         self._concurrency = concurrency
         self._channels = [
             grpc.aio.insecure_channel(f"{host}:{address[1]}", options=options)
@@ -324,7 +334,7 @@ class GrpcLoadGenerator:
                 issued += 1
                 began = time.perf_counter()
                 try:
-                    response = await call(self._request, timeout=timeout)
+                    response = await call(self._requests.next(), timeout=timeout)
                 except grpc.aio.AioRpcError as exc:
                     message = f"{exc.code().name}: {exc.details()}"
                     into.note_error(message)

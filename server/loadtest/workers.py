@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
+from server.loadtest.cache_mix import CacheMix, RequestStream
 from server.loadtest.clients import GrpcLoadGenerator, HttpLoadGenerator
 from server.loadtest.errors import BenchError
 from server.loadtest.measurements import Sample
@@ -37,6 +38,7 @@ class LoadTarget:
     host: str
     port: int
     request: bytes
+    mix: CacheMix | None = None  # --cache-hit-ratio
 
 
 # --- in the worker process -------------------------------------------------------------------
@@ -86,9 +88,10 @@ async def _serve(pipe: Connection, target: LoadTarget) -> None:
 
 def _generator(target: LoadTarget, slots: int) -> HttpLoadGenerator | GrpcLoadGenerator:
     address = (target.host, target.port)
+    requests = RequestStream(target.request, target.mix)
     if target.protocol == "grpc":
-        return GrpcLoadGenerator(address, target.request, slots)
-    return HttpLoadGenerator(address, target.request, slots)
+        return GrpcLoadGenerator(address, requests, slots)
+    return HttpLoadGenerator(address, requests, slots)
 
 
 # --- in the main process ---------------------------------------------------------------------

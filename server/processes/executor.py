@@ -84,7 +84,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         await asyncio.wait_for(repository.close(0), shutdown.remaining())
     except TimeoutError:
         log.warning("models still busy at exit")
-    dataplane.shared_memory.close()
+    dataplane.close()
     log.info("executor stopped")
     return 0
 

@@ -7,6 +7,7 @@ request buffer (never Python lists).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from server.protocol.datatypes import DataType
 from server.protocol.shared_memory_params import SharedMemoryRef
+from server.tracing.context import TraceContext
 
 Parameters = dict[str, Any]
 
@@ -70,6 +72,9 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     id: str | None = None
     parameters: Parameters = field(default_factory=dict)
+    #: how and when the transport received it, for the trace extension (None: an internal
+    #: request, an ensemble step's)
+    trace: TraceContext | None = None
 
 
 @dataclass
@@ -95,12 +100,19 @@ class InferResponse:
     parameters: Parameters = field(default_factory=dict)
     #: returns the memory the outputs view (a front end's view of the executor's arena)
     on_release: Callable[[], None] | None = None
+    #: a traced request's end, told when the transport got the response (``sent_from``)
+    #: and when it had written it
+    on_sent: Callable[[int, int], None] | None = None
+    sent_from: int = 0
 
     def release(self) -> None:
         """The transport has written the response: the outputs' memory may be reused."""
         if self.on_release is not None:
             self.on_release()
             self.on_release = None
+        if self.on_sent is not None:
+            self.on_sent(self.sent_from, time.perf_counter_ns())
+            self.on_sent = None
 
     @property
     def payload_bytes(self) -> int:

@@ -5,6 +5,7 @@ cancellation of an RPC whose deadline has passed (triton-facts §1.3)."""
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -367,7 +368,8 @@ def test_stream_ends_with_the_error_when_reading_requests_fails() -> None:
 
     async def scenario() -> None:
         servicer = InferenceServicer(None)  # type: ignore[arg-type]
-        replies = servicer.ModelStreamInfer(broken(), None)  # type: ignore[arg-type]
+        context = types.SimpleNamespace(invocation_metadata=lambda: ())  # a call's, no metadata
+        replies = servicer.ModelStreamInfer(broken(), context)  # type: ignore[arg-type]
         with pytest.raises(RuntimeError, match="stream broke"):
             await asyncio.wait_for(replies.__anext__(), 5)
 

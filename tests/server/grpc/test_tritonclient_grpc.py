@@ -842,22 +842,6 @@ def test_unknown_datatype_name_is_invalid_argument(
 
 
 @pytest.mark.parametrize(
-    "rpc, call",
-    [
-        ("TraceSetting", lambda c: c.get_trace_settings()),
-    ],
-)
-def test_unimplemented_rpcs(
-    client: grpcclient.InferenceServerClient,
-    rpc: str,
-    call: Callable[[grpcclient.InferenceServerClient], Any],
-) -> None:
-    error = _client_error(lambda: call(client))
-    assert error.status() == "StatusCode.UNIMPLEMENTED"
-    assert rpc in error.message() and "not implemented" in error.message()
-
-
-@pytest.mark.parametrize(
     "call",
     [
         lambda c: c.get_system_shared_memory_status(),
