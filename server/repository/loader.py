@@ -19,6 +19,7 @@ from server.errors import InferenceServerError, ModelLoadError, to_server_error
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
+from server.protocol.sequence_spec import SequenceSpec
 from server.repository import config as model_config
 from server.repository import ensemble_config
 from server.repository.autocomplete import autocomplete, is_complete
@@ -33,6 +34,7 @@ from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
 from server.scheduling.direct import DirectScheduler
 from server.scheduling.job import Scheduler
 from server.scheduling.layout import BatchLayout
+from server.scheduling.sequence import SequenceBatcher
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -331,7 +333,12 @@ def _load_version(
     result.spec = ModelSpec.from_config(config, labels)
     name = f"{config.name}-{version}"
     layout = BatchLayout.from_config(config)
-    if config.HasField("dynamic_batching") and config.max_batch_size > 0:
+    if config.HasField("sequence_batching"):
+        result.scheduler = SequenceBatcher(
+            name, instances, SequenceSpec.from_config(config), result.stats, layout=layout,
+            model=config.name,
+        )
+    elif config.HasField("dynamic_batching") and config.max_batch_size > 0:
         policy = BatchingPolicy.from_config(config)
         result.scheduler = DynamicBatcher(
             name, instances, policy, result.stats, layout=layout, model=config.name
