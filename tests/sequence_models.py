@@ -10,6 +10,9 @@ custom C++ backends; these graphs answer NVIDIA's sequence example clients the s
   of the sequence's inputs, plus the correlation ID (a decimal string) on its END request.
 
 Control and state inputs are model inputs only: the configs do not declare them as inputs.
+``py_sequence`` is a Triton-style python model that keeps its own running sum per correlation
+ID (Triton's way for python models), checking that the CORRID control agrees with the
+request's ``correlation_id()``.
 """
 
 from __future__ import annotations
@@ -160,3 +163,53 @@ def build_sequence_repository(root: Path, idle_us: int = 5_000_000, count: int =
 def row(value: int) -> np.ndarray:
     """One request's INPUT, as NVIDIA's clients send it: shape [1, 1]."""
     return np.full((1, 1), value, dtype=np.int32)
+
+
+PY_SEQUENCE_CONFIG = """name: "py_sequence"
+backend: "python"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+PY_SEQUENCE = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            end = pb_utils.get_input_tensor_by_name(request, "END").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            key = request.correlation_id()
+            if int(corrid[0][0]) != key:
+                raise pb_utils.TritonModelException("CORRID differs from correlation_id()")
+            total = (0 if start[0][0] else self.sums.get(key, 0)) + int(value[0][0])
+            self.sums[key] = total
+            if end[0][0]:
+                del self.sums[key]
+            out = np.full((1, 1), total, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
+        return responses
+"""
+
+
+def build_python_sequence(root: Path) -> Path:
+    """``py_sequence`` in ``root``."""
+    make_models.write_text(PY_SEQUENCE_CONFIG, root / "py_sequence" / "config.pbtxt")
+    make_models.write_text(PY_SEQUENCE, root / "py_sequence" / "1" / "model.py")
+    return root

@@ -292,22 +292,22 @@ class SequenceBatcher:
     async def _run(self, instance: int, entries: list[Entry]) -> None:
         """Run one execution; every request in it gets its outputs or the error."""
         spec = self._spec
-        runner = self._runners[instance]
         started = time.perf_counter_ns()
         taken = [entry for entry in entries if entry is not None]
         for sequence, request in taken:
             sequence.requests.popleft()
             sequence.running = True
-            request.ran = run_job(spec, sequence, request)
             request.job.times.queue_ns = started - request.enqueued_ns
-        template = taken[0][1].ran
-        assert template is not None
-        jobs = [
-            null_job(spec, template) if entry is None else entry[1].ran or template
-            for entry in entries
-        ]
         try:
-            answers = await self._execute(runner, jobs, taken)
+            for sequence, request in taken:
+                request.ran = run_job(spec, sequence, request)
+            template = taken[0][1].ran
+            assert template is not None
+            jobs = [
+                null_job(spec, template) if entry is None else entry[1].ran or template
+                for entry in entries
+            ]
+            answers = await self._execute(self._runners[instance], jobs, taken)
             computed = time.perf_counter_ns() - started
             for (sequence, request), answer in zip(taken, answers, strict=True):
                 request.job.times.compute_ns = computed

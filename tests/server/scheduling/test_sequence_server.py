@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException  # type: ignore[import-u
 from scripts import make_models
 from tests.sequence_models import (
     SIMPLE_SEQUENCE,
+    build_python_sequence,
     build_sequence_repository,
     row,
     simple_sequence_model,
@@ -43,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     make_models.write_text(
         config.replace('"simple_sequence"', '"short_idle"'), root / "short_idle" / "config.pbtxt"
     )
+    build_python_sequence(root)
     process = start_server(root)
     assert process.port is not None and process.grpc_port is not None, process.log
     yield process
@@ -357,3 +359,26 @@ def test_an_idle_sequence_expires(server: ServerProcess) -> None:
             "flag on the first request of the sequence"
         )
         assert send(4, start=True, end=True) == 5
+
+
+def test_a_python_model_keeps_its_sums_by_correlation_id(server: ServerProcess) -> None:
+    """Two sequences interleaved, from two threads: the python model gets START, END and
+    CORRID as inputs, and ``correlation_id()``."""
+    results: dict[int, list[int]] = {}
+
+    def run(sequence_id: int) -> None:
+        with httpclient.InferenceServerClient(server.url) as client:
+            results[sequence_id] = _sync_send(
+                client, httpclient, "py_sequence", [sequence_id, 1, 2, 3, 4], sequence_id
+            )
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in (40, 50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {40: [40, 41, 43, 46, 50], 50: [50, 51, 53, 56, 60]}
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert [t["name"] for t in client.get_model_metadata("py_sequence")["inputs"]] == [
+            "INPUT"
+        ]
