@@ -8,7 +8,9 @@ arrival order, for the next slot to be freed. Each instance runs one execution a
 formed from its slots (``sequence_batch``), so a sequence has at most one request running and
 its requests run in arrival order. A slot is freed once its sequence's END has run, or once
 the sequence was idle (no new request) longer than ``max_sequence_idle_microseconds``; later
-requests of an expired sequence are refused like those of an unknown one.
+requests of an expired sequence are refused like those of an unknown one. A backlogged
+sequence whose requests carry a ``timeout`` is given up when the earliest one expires: all its
+requests fail with Triton's UNAVAILABLE.
 
 All state lives on the event loop; only model execution runs on the instances' threads.
 """
@@ -25,7 +27,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from backends.base import ModelInstance
-from server.errors import InternalError, InvalidArgument, Unavailable
+from server.errors import InternalError, InvalidArgument, Rejected, Unavailable
 from server.observability.statistics import ModelStats
 from server.protocol.parameters import sequence_of
 from server.protocol.sequence_spec import SequenceId, SequenceSpec
@@ -84,6 +86,7 @@ class SequenceBatcher:
         self._backlog: deque[Sequence] = deque()
         self._wakes: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._reaper_wake: asyncio.Event | None = None
         self._closed = False
 
     # --- the public side -----------------------------------------------------------------
@@ -185,12 +188,17 @@ class SequenceBatcher:
             self._place(sequence)
         sequence.requests.append(request)
         sequence.last_seen = now
+        if sequence.slot is None and job.timeout_us:
+            expires = now + job.timeout_us / 1e6
+            sequence.expires = expires if sequence.expires is None else min(sequence.expires, expires)
         if end:  # a later request with this id starts a new sequence
             sequence.open = False
             del self._live[sequence_id]
         self._start()
         if sequence.slot is not None:
             self._wakes[sequence.slot.instance].set()
+        elif sequence.expires is not None and self._reaper_wake is not None:
+            self._reaper_wake.set()
         return request
 
     def _place(self, sequence: Sequence) -> None:
@@ -202,7 +210,7 @@ class SequenceBatcher:
             self._backlog.append(sequence)
 
     def _assign(self, slot: Slot, sequence: Sequence) -> None:
-        slot.sequence, sequence.slot = sequence, slot
+        slot.sequence, sequence.slot, sequence.expires = sequence, slot, None
         if self._wakes:
             self._wakes[slot.instance].set()
 
@@ -241,6 +249,7 @@ class SequenceBatcher:
         if self._tasks:
             return
         self._wakes = [asyncio.Event() for _ in self._runners]
+        self._reaper_wake = asyncio.Event()
         self._tasks = [
             asyncio.create_task(self._serve(index), name=f"sequence-{self._name}-{index}")
             for index in range(len(self._runners))
@@ -266,9 +275,11 @@ class SequenceBatcher:
 
     async def _reap(self) -> None:
         """Expire sequences that hold a slot and had no request for the idle time (those in
-        the backlog are kept, as in Triton)."""
+        the backlog are kept, as in Triton), and give up backlogged ones past their timeout."""
+        assert self._reaper_wake is not None
         idle_s = self._spec.idle_us / 1e6
         while True:
+            self._reaper_wake.clear()
             now = self._clock()
             wait_s = idle_s
             for sequence_id, sequence in list(self._live.items()):
@@ -285,7 +296,27 @@ class SequenceBatcher:
                 del self._live[sequence_id]
                 sequence.open = False
                 self._settle(sequence)
-            await asyncio.sleep(wait_s)
+            for sequence in list(self._backlog):
+                if sequence.expires is None:
+                    continue
+                if sequence.expires > now:
+                    wait_s = min(wait_s, sequence.expires - now)
+                    continue
+                self._give_up(sequence)
+            try:
+                await asyncio.wait_for(self._reaper_wake.wait(), wait_s)
+            except TimeoutError:
+                pass
+
+    def _give_up(self, sequence: Sequence) -> None:
+        """A backlogged sequence past its requests' timeout: each of them fails."""
+        self._backlog.remove(sequence)
+        if self._live.get(sequence.id) is sequence:
+            del self._live[sequence.id]
+        sequence.open = False
+        for request in sequence.requests:
+            _fail(request, Rejected("timeout of the corresponding sequence has been expired"))
+        sequence.requests.clear()
 
     # --- execution -------------------------------------------------------------------------
 

@@ -48,6 +48,8 @@ class Sequence:
     open: bool = True
     running: bool = False
     states: dict[str, np.ndarray] | None = None
+    #: in the backlog: when it is given up (the earliest request ``timeout`` of its requests)
+    expires: float | None = None
 
 
 @dataclass(eq=False)

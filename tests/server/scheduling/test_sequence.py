@@ -4,6 +4,7 @@ Oldest strategy, implicit state, the idle reaper and Triton's refusals."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 
 from backends.base import InstanceRequest, ModelInstance, RequestResult
-from server.errors import InvalidArgument
+from server.errors import InvalidArgument, Rejected
 from server.generated import model_config_pb2 as mc
 from server.protocol.sequence_spec import SequenceSpec
 from server.scheduling.job import Job
@@ -247,3 +248,38 @@ def test_a_request_cancelled_while_queued_never_runs() -> None:
     asyncio.run(main())
     batcher.close()
     assert [run["X"].ravel().tolist() for run in instance.runs] == [[1], [3]]
+
+
+def test_a_backlogged_sequence_past_its_timeout_is_given_up() -> None:
+    batcher = SequenceBatcher("m", [Recording()], _spec(1))
+
+    async def main() -> None:
+        await batcher.execute(_job(1, 1, start=True))  # holds the only slot
+        job = _job(2, 2, start=True)
+        job.timeout_us = 50_000
+        with pytest.raises(Rejected) as caught:
+            await batcher.execute(job)
+        assert caught.value.message == "timeout of the corresponding sequence has been expired"
+        with pytest.raises(InvalidArgument, match="for sequence 2 to model 'm' must specify"):
+            await batcher.execute(_job(3, 2))
+        assert batcher.pending == 0
+        assert _y(await batcher.execute(_job(4, 1, end=True))) == 4
+
+    asyncio.run(main())
+    batcher.close()
+
+
+def test_direct_waits_for_slot_utilization_up_to_the_queue_delay() -> None:
+    instance = Recording()
+    strategy = "direct { max_queue_delay_microseconds: 200000 minimum_slot_utilization: 1.0 }"
+    batcher = SequenceBatcher("m", [instance], _spec(2, strategy))
+
+    async def main() -> None:
+        started = time.monotonic()
+        await batcher.execute(_job(1, 1, start=True))  # one slot of two: waits the delay
+        assert time.monotonic() - started >= 0.19
+        await asyncio.gather(batcher.execute(_job(2, 1)), batcher.execute(_job(3, 2, start=True)))
+
+    asyncio.run(main())
+    batcher.close()
+    assert [run["X"].ravel().tolist() for run in instance.runs] == [[1], [2, 3]]
