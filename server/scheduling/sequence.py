@@ -345,6 +345,9 @@ class SequenceBatcher:
                 if isinstance(answer, Exception):
                     _fail(request, answer)
                     continue
+                if request.job.respond is not None:  # decoupled: answered through respond
+                    request.result.set_result({})
+                    continue
                 if spec.states:
                     sequence.states = {
                         s.input_name: np.array(answer[s.output_name]) for s in spec.states

@@ -283,3 +283,31 @@ def test_direct_waits_for_slot_utilization_up_to_the_queue_delay() -> None:
     asyncio.run(main())
     batcher.close()
     assert [run["X"].ravel().tolist() for run in instance.runs] == [[1], [2, 3]]
+
+
+def test_a_decoupled_model_answers_through_its_sink() -> None:
+    class Decoupled(ModelInstance):
+        takes_requests = True
+
+        def execute(self, inputs: Mapping[str, np.ndarray],
+                    output_names: Sequence[str]) -> dict[str, np.ndarray]:
+            raise AssertionError("requests are given one by one")
+
+        def execute_requests(self, requests: Sequence[InstanceRequest]) -> list[RequestResult]:
+            for request in requests:
+                assert request.respond is not None
+                request.respond({"Y": request.inputs["X"] + request.inputs["START"]}, True)
+            return [{} for _ in requests]
+
+    batcher = SequenceBatcher("m", [Decoupled()], _spec(4))
+    sent: list[tuple[Any, bool]] = []
+
+    async def main() -> None:
+        job = _job(5, 1, start=True, end=True)
+        job.respond = lambda result, final: sent.append((result, final))
+        assert await batcher.execute(job) == {}
+
+    asyncio.run(main())
+    batcher.close()
+    ((result, final),) = sent
+    assert final and result["Y"].tolist() == [[6]]
