@@ -356,8 +356,12 @@ class SequenceBatcher:
                     request.result.set_result(
                         {name: answer[name] for name in request.job.output_names}
                     )
-            if self._stats is not None:
-                self._stats.record_execution(len(jobs), 0, computed, 0)
+            if self._stats is not None:  # null requests count in the batch (not sent to
+                # an instance that takes requests one by one)
+                requests_only = self._runners[instance].instance.takes_requests
+                self._stats.record_execution(
+                    len(taken) if requests_only else len(jobs), 0, computed, 0
+                )
         except Exception as exc:  # noqa: BLE001 - a model fault fails every request of the batch
             for _, request in taken:
                 _fail(request, exc)
