@@ -10,6 +10,7 @@ nor may send them. Each control tensor holds one element per request (shape ``[1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,10 +92,14 @@ class StateSpec:
     output_name: str
     datatype: DataType
     dims: tuple[int, ...]
+    #: the ``initial_state`` read from its data file (shaped as ``dims``); None: zeros
+    initial_data: np.ndarray | None = None
 
     def initial(self, batching: bool) -> np.ndarray:
-        """The state at START: zeros (empty strings for STRING)."""
+        """The state at START: its initial data, else zeros (empty strings for STRING)."""
         shape = (1, *self.dims) if batching else self.dims
+        if self.initial_data is not None:
+            return self.initial_data.reshape(shape).copy()
         if self.datatype.is_bytes:
             return np.full(shape, b"", dtype=object)
         return np.zeros(shape, dtype=self.datatype.dtype)
@@ -120,8 +125,13 @@ class SequenceSpec:
     states: tuple[StateSpec, ...] = ()
 
     @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> SequenceSpec:
-        """The settings of a validated config that has ``sequence_batching``."""
+    def from_config(
+        cls, config: mc.ModelConfig, initial_data: Mapping[str, np.ndarray] | None = None
+    ) -> SequenceSpec:
+        """The settings of a validated config that has ``sequence_batching``;
+        ``initial_data``: the states' initial values read from their data files (by state
+        input name)."""
+        initial_data = initial_data or {}
         batcher = config.sequence_batching
         flags: dict[int, FlagControl] = {}
         corrid = None
@@ -158,6 +168,7 @@ class SequenceSpec:
                     state.output_name,
                     datatypes.from_config_enum(state.data_type),
                     tuple(state.dims),
+                    initial_data.get(state.input_name),
                 )
                 for state in batcher.state
             ),
@@ -339,9 +350,19 @@ def _validate_states(config: mc.ModelConfig) -> None:
             raise ModelLoadError(
                 f"{what} has variable dims {list(state.dims)}: only fixed dims are supported"
             )
+        if len(state.initial_state) > 1:
+            raise ModelLoadError(f"{what} has more than one initial_state")
         for initial in state.initial_state:
-            if initial.WhichOneof("state_data") != "zero_data":
+            if initial.data_type != state.data_type or list(initial.dims) != list(state.dims):
                 raise ModelLoadError(
-                    f"{what}: only an initial_state of zero_data is supported (every state "
-                    "starts from zeros), not data_file"
+                    f"{what}: its initial_state must have the state's data_type and dims"
+                )
+            kind = initial.WhichOneof("state_data")
+            if kind is None:
+                raise ModelLoadError(
+                    f"{what}: its initial_state must set zero_data or data_file"
+                )
+            if kind == "data_file" and state.data_type == mc.TYPE_STRING:
+                raise ModelLoadError(
+                    f"{what}: an initial_state data_file of TYPE_STRING is not supported yet"
                 )

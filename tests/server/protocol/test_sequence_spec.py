@@ -112,8 +112,13 @@ def test_controls_and_states_are_read() -> None:
         ),
         (
             ('state [ { input_name: "S" output_name: "T" data_type: TYPE_INT32 dims: [ 1 ] '
-             'initial_state [ { data_type: TYPE_INT32 dims: [ 1 ] data_file: "f" } ] } ]'),
-            "state 'S' of model 'm': only an initial_state of zero_data is supported",
+             'initial_state [ { data_type: TYPE_INT32 dims: [ 2 ] data_file: "f" } ] } ]'),
+            "state 'S' of model 'm': its initial_state must have the state's data_type and dims",
+        ),
+        (
+            ('state [ { input_name: "S" output_name: "T" data_type: TYPE_STRING dims: [ 1 ] '
+             'initial_state [ { data_type: TYPE_STRING dims: [ 1 ] data_file: "f" } ] } ]'),
+            "state 'S' of model 'm': an initial_state data_file of TYPE_STRING is not supported",
         ),
     ],
 )

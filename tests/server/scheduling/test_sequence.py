@@ -311,3 +311,24 @@ def test_a_decoupled_model_answers_through_its_sink() -> None:
     batcher.close()
     ((result, final),) = sent
     assert final and result["Y"].tolist() == [[6]]
+
+
+def test_a_state_starts_from_its_initial_data() -> None:
+    instance = Recording()
+    state = (
+        'state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 '
+        'dims: [ 1 ] initial_state [ { data_type: TYPE_INT32 dims: [ 1 ] data_file: "f" } ] } ]'
+    )
+    config = mc.ModelConfig()
+    text_format.Parse(f'name: "m" max_batch_size: 2 sequence_batching {{ {CONTROLS} {state} }}',
+                      config)
+    spec = SequenceSpec.from_config(config, {"STATE_IN": np.array([1000], dtype=np.int32)})
+    batcher = SequenceBatcher("m", [instance], spec)
+
+    async def main() -> None:
+        for value, start in ((1, True), (2, False), (3, True)):
+            await batcher.execute(_job(value, 4, start=start, outputs=("Y",)))
+
+    asyncio.run(main())
+    batcher.close()
+    assert [run["STATE_IN"].ravel().tolist() for run in instance.runs] == [[1000], [1001], [1000]]

@@ -25,10 +25,12 @@ from tritonclient.utils import InferenceServerException  # type: ignore[import-u
 from scripts import make_models
 from tests.sequence_models import (
     SIMPLE_SEQUENCE,
+    SIMPLE_STRING_DYNA_SEQUENCE,
     build_python_sequence,
     build_sequence_repository,
     row,
     simple_sequence_model,
+    string_dyna_sequence_model,
 )
 from tests.server_process import ServerProcess, start_server
 
@@ -45,6 +47,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         config.replace('"simple_sequence"', '"short_idle"'), root / "short_idle" / "config.pbtxt"
     )
     build_python_sequence(root)
+    # the string-id accumulator again, its state starting from 1000 (an initial_state file)
+    make_models.save(string_dyna_sequence_model(), root / "from_1000" / "1" / "model.onnx")
+    make_models.write_text(
+        SIMPLE_STRING_DYNA_SEQUENCE.format()
+        .replace('"simple_string_dyna_sequence"', '"from_1000"')
+        .replace(
+            'TYPE_INT32 dims: [ 1 ] } ]\n}',
+            'TYPE_INT32 dims: [ 1 ] initial_state [ { data_type: TYPE_INT32 dims: [ 1 ] '
+            'data_file: "acc.bin" } ] } ]\n}',
+        ),
+        root / "from_1000" / "config.pbtxt",
+    )
+    (root / "from_1000" / "initial_state").mkdir()
+    (root / "from_1000" / "initial_state" / "acc.bin").write_bytes(
+        np.array([1000], "<i4").tobytes()
+    )
     process = start_server(root)
     assert process.port is not None and process.grpc_port is not None, process.log
     yield process
@@ -382,3 +400,11 @@ def test_a_python_model_keeps_its_sums_by_correlation_id(server: ServerProcess) 
         assert [t["name"] for t in client.get_model_metadata("py_sequence")["inputs"]] == [
             "INPUT"
         ]
+
+
+def test_a_state_starts_from_its_initial_state_file(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        send = partial(_send_one, client, "from_1000", "7")
+        assert send(1, start=True) == 1001
+        assert send(2) == 1003
+        assert send(3, start=True, end=True) == 1003 + 7  # restarted from 1000, plus CORRID
