@@ -43,8 +43,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = build_sequence_repository(tmp_path_factory.mktemp("sequence_repo"))
     config = SIMPLE_SEQUENCE.format(idle=IDLE_US, count=1)
     make_models.save(simple_sequence_model(), root / "short_idle" / "1" / "model.onnx")
+    # warmed up with the controls its sample sets (the model needs them: ONNX inputs)
+    warmup = ", ".join(
+        f'{{ key: "{name}" value: {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }} }}'
+        for name in ("INPUT", "START", "READY")
+    )
     make_models.write_text(
-        config.replace('"simple_sequence"', '"short_idle"'), root / "short_idle" / "config.pbtxt"
+        config.replace('"simple_sequence"', '"short_idle"')
+        + f'model_warmup [ {{ name: "w" batch_size: 1 inputs [ {warmup} ] }} ]\n',
+        root / "short_idle" / "config.pbtxt",
     )
     build_python_sequence(root)
     # the string-id accumulator again, its state starting from 1000 (an initial_state file)
@@ -360,6 +367,16 @@ def _send_one(client: Any, model: str, sequence_id: int | str, value: int,
         model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
     )
     return int(result.as_numpy("OUTPUT")[0][0])
+
+
+def test_a_sequence_model_warms_up_with_the_controls_of_its_sample(
+    server: ServerProcess,
+) -> None:
+    """Its ONNX graph needs START and READY: the warmup sample gives them, and the load
+    succeeds (the run counts in the statistics, as warmup does)."""
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert client.is_model_ready("short_idle")
+    assert _stats(server, "short_idle")["execution_count"] >= 1
 
 
 def test_an_idle_sequence_expires(server: ServerProcess) -> None:
