@@ -189,9 +189,10 @@ def test_grpc_stream_sequence_client(server: ServerProcess, dyna: bool) -> None:
     _check(dyna, tuple([by_id[key][c] for c in sorted(by_id[key])] for key in by_id))  # type: ignore[arg-type]
 
 
-def test_interleaved_sequences_share_executions(server: ServerProcess) -> None:
-    """Eight sequences at once, each from its own thread: every answer is its own sequence's
-    (Direct: one slot each of the instance's eight), and each request is counted once."""
+def test_concurrent_sequences_each_get_their_own_answers(server: ServerProcess) -> None:
+    """Eight sequences at once, each from its own thread (Direct: one slot each of the
+    instance's eight, batched together as they come): every answer is its own sequence's,
+    each request is counted once, and no execution ran more than the eight slots."""
     model = "simple_sequence"
     before = _stats(server, model)
     results: dict[int, list[int]] = {}
@@ -212,7 +213,9 @@ def test_interleaved_sequences_share_executions(server: ServerProcess) -> None:
     after = _stats(server, model)
     assert after["inference_count"] - before["inference_count"] == 96
     executions = after["execution_count"] - before["execution_count"]
-    assert 1 <= executions <= 96
+    assert 12 <= executions <= 96  # each sequence's 12 requests ran one after the other
+    sizes = {int(b["batch_size"]) for b in after["batch_stats"]}
+    assert sizes <= set(range(1, 9)), sizes
 
 
 def test_sequential_requests_are_counted_one_execution_each(server: ServerProcess) -> None:
