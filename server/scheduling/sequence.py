@@ -365,8 +365,9 @@ class SequenceBatcher:
         except Exception as exc:  # noqa: BLE001 - a model fault fails every request of the batch
             for _, request in taken:
                 _fail(request, exc)
-        finally:
+        finally:  # (also when the loop is cancelled by a forced stop meanwhile)
             for sequence, request in taken:
+                _fail(request, Unavailable(f"model '{self._model}' was unloaded"))
                 request.released.set()
                 sequence.running = False
                 self._settle(sequence)

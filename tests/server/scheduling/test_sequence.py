@@ -4,6 +4,7 @@ Oldest strategy, implicit state, the idle reaper and Triton's refusals."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 
 from backends.base import InstanceRequest, ModelInstance, RequestResult
-from server.errors import InvalidArgument, Rejected
+from server.errors import InvalidArgument, Rejected, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.protocol.sequence_spec import SequenceSpec
 from server.scheduling.job import Job
@@ -332,3 +333,30 @@ def test_a_state_starts_from_its_initial_data() -> None:
     asyncio.run(main())
     batcher.close()
     assert [run["STATE_IN"].ravel().tolist() for run in instance.runs] == [[1000], [1001], [1000]]
+
+
+def test_a_forced_stop_answers_the_running_request() -> None:
+    gate = threading.Event()
+
+    class Blocking(Recording):
+        may_run_inline = False
+
+        def execute(self, inputs: Mapping[str, np.ndarray],
+                    output_names: Sequence[str]) -> dict[str, np.ndarray]:
+            gate.wait(10)
+            return super().execute(inputs, output_names)
+
+    instance = Blocking()
+    batcher = SequenceBatcher("m", [instance], _spec(1))
+
+    async def main() -> None:
+        running = asyncio.ensure_future(batcher.execute(_job(1, 1, start=True)))
+        queued = asyncio.ensure_future(batcher.execute(_job(2, 1)))
+        await asyncio.sleep(0.05)
+        batcher.close(wait=False)
+        gate.set()
+        for task in (running, queued):
+            with pytest.raises(Unavailable, match="model 'm' was unloaded"):
+                await task
+
+    asyncio.run(main())
