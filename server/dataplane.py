@@ -73,6 +73,8 @@ _BYTES = datatypes.from_name("BYTES")
 #: Protocol extensions this server implements, named as Triton names them in server metadata.
 EXTENSIONS = (
     "classification",
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",

@@ -36,7 +36,7 @@ from server.generated import model_config_pb2 as mc
 from server.host_paths import redact_paths
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
-from server.protocol import datatypes
+from server.protocol import datatypes, sequence_spec
 from server.settings import DEFAULT_CUDA_POOL_BYTES
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,11 @@ def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> 
     batch_inputs = {
         target: entry.data_type for entry in config.batch_input for target in entry.target_name
     }
+    _check_sequence_tensors(config, signature)
+    supplied = sequence_spec.supplied_inputs(config)
     for info in signature.inputs:
+        if info.name in supplied:
+            continue  # checked above
         if info.name in batch_inputs:
             expected = datatypes.from_config_enum(batch_inputs[info.name])
             if expected is not info.datatype:
@@ -235,6 +239,30 @@ def _check_config_matches(config: mc.ModelConfig, signature: ModelSignature) -> 
                 f"unable to load model '{config.name}': batch input '{target}' is not an input "
                 f"of the model (it has {sorted(model_inputs)})"
             )
+
+
+def _check_sequence_tensors(config: mc.ModelConfig, signature: ModelSignature) -> None:
+    """The control and state inputs the sequence batcher fills, and the state outputs it
+    keeps, must be tensors of the model with the datatypes the config gives them."""
+    for kind, wanted, actual in (
+        ("sequence batching input", sequence_spec.supplied_inputs(config), signature.inputs),
+        ("sequence batching state output", sequence_spec.supplied_outputs(config),
+         signature.outputs),
+    ):
+        by_name = {info.name: info for info in actual}
+        for name, datatype in wanted.items():
+            info = by_name.get(name)
+            if info is None:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': {kind} '{name}' is not a tensor "
+                    f"of the model (it has {sorted(by_name)})"
+                )
+            if info.datatype is not datatype:
+                raise ModelLoadError(
+                    f"unable to load model '{config.name}': {kind} '{name}' has datatype "
+                    f"{info.datatype.config_name} in the model but {datatype.config_name} in "
+                    "the configuration"
+                )
 
 
 class OnnxRuntimeInstance(ModelInstance):

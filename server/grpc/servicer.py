@@ -18,6 +18,7 @@ import grpc
 from server import log_settings
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
+from server.grpc.sequence_order import SequenceOrder
 from server.grpc.stream_window import StreamWindow
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.plane import Plane
@@ -293,13 +294,15 @@ class InferenceServicer:
         request_iterator: AsyncIterator[bytes],
         context: Context,
     ) -> AsyncIterator[bytes]:
-        """Requests run concurrently; each reply goes out when ready (maybe out of order) and
-        carries its request's id. A failed request is an ``error_message`` reply: the stream
+        """Requests run concurrently (those of one sequence one after the other, see
+        ``SequenceOrder``); each reply goes out when ready (maybe out of order) and carries
+        its request's id. A failed request is an ``error_message`` reply: the stream
         stays open. While the client leaves replies unread, the stream stops reading requests
         (``StreamWindow``)."""
         replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         window = StreamWindow()
+        order = SequenceOrder()
 
         traceparent = _traceparent(context)
 
@@ -309,9 +312,10 @@ class InferenceServicer:
                 received = time.perf_counter_ns()
                 request, raw = grpc_codec.split_request(data)
                 trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
-                async for reply in self._replies(request, raw, len(data), True, trace):
-                    window.replied(len(reply))
-                    replies.put_nowait(reply)
+                async with order.turn(request).wait():
+                    async for reply in self._replies(request, raw, len(data), True, trace):
+                        window.replied(len(reply))
+                        replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
                 error = reported(exc, log, "in ModelStreamInfer")
                 reply = _error_reply(request, error.message)

@@ -20,7 +20,7 @@ from server.protocol import classification, datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec
-from server.protocol.parameters import check_request_parameters
+from server.protocol.parameters import SEQUENCE_FLAGS, check_request_parameters
 from server.protocol.shapes import element_count, reshape
 from server.protocol.shared_memory_params import KEYS as SHM_KEYS
 from server.protocol.shared_memory_params import shared_memory_ref
@@ -80,12 +80,27 @@ def _parameters(params: Any, what: str) -> dict[str, Any]:
     return values
 
 
+#: Request parameters whose protobuf kind is checked, not only their value.
+_TYPED = ("timeout", "sequence_id", *SEQUENCE_FLAGS)
+
+
 def _request_parameters(msg: pb.ModelInferRequest) -> dict[str, Any]:
     params = _parameters(msg.parameters, "the request")
-    check_request_parameters(params, ALLOWED_RESERVED)
-    if "timeout" in params and msg.parameters["timeout"].WhichOneof("parameter_choice") != (
-        "int64_param"
+    kinds = {
+        key: msg.parameters[key].WhichOneof("parameter_choice") for key in _TYPED if key in params
+    }
+    if "sequence_id" in kinds and kinds["sequence_id"] not in (
+        "int64_param", "uint64_param", "string_param"
     ):
+        raise InvalidArgument(
+            "invalid value type for 'sequence_id' parameter, expected int64_param, "
+            "uint64_param or string_param."
+        )
+    for flag in SEQUENCE_FLAGS:
+        if flag in kinds and kinds[flag] != "bool_param":
+            raise InvalidArgument(f"invalid value type for '{flag}' parameter, expected bool_param.")
+    check_request_parameters(params, ALLOWED_RESERVED)
+    if "timeout" in kinds and kinds["timeout"] != "int64_param":
         raise InvalidArgument("Unable to parse 'timeout': expected an int64 parameter")
     return params
 

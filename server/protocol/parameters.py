@@ -2,17 +2,21 @@
 
 ``priority`` is a non-negative integer and ``timeout`` an integer number of microseconds; keys
 starting with ``triton_`` are Triton's own and refused, except those a transport allows (the C++
-gRPC client sends ``triton_enable_empty_final_response`` on every request).
+gRPC client sends ``triton_enable_empty_final_response`` on every request). The sequence
+extension's ``sequence_id`` is an unsigned 64-bit integer or a string (0 and "" mean "not in a
+sequence"), ``sequence_start`` and ``sequence_end`` are booleans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from typing import Any
 
 from server.errors import InvalidArgument
 
 RESERVED_PREFIX = "triton_"
+_UINT64_MAX = (1 << 64) - 1
+SEQUENCE_FLAGS = ("sequence_start", "sequence_end")
 
 
 def check_request_parameters(params: dict[str, Any], allowed_reserved: Container[str] = ()) -> None:
@@ -27,3 +31,18 @@ def check_request_parameters(params: dict[str, Any], allowed_reserved: Container
             raise InvalidArgument(
                 f"Unable to parse '{key}': expected a non-negative integer, got {value!r}"
             )
+        if key == "sequence_id" and not (
+            isinstance(value, str) or (type(value) is int and 0 <= value <= _UINT64_MAX)
+        ):
+            raise InvalidArgument("Unable to parse 'sequence_id'")
+        if key in SEQUENCE_FLAGS and type(value) is not bool:
+            raise InvalidArgument(f"Unable to parse '{key}'")
+
+
+def sequence_of(params: Mapping[str, Any]) -> tuple[int | str, bool, bool]:
+    """A checked request's sequence id (0 when none), START and END flags."""
+    return (
+        params.get("sequence_id", 0),
+        params.get("sequence_start", False) is True,
+        params.get("sequence_end", False) is True,
+    )

@@ -15,6 +15,7 @@ from typing import cast
 from backends.base import ModelSignature, TensorInfo
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.protocol import sequence_spec
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,17 @@ def autocomplete(config: mc.ModelConfig, signature: ModelSignature, default_max_
             "non-zero max_batch_size is specified"
         )
     batching = config.max_batch_size > 0
+    # The sequence batcher's control and state tensors are the model's, not the clients'.
+    supplied_inputs = sequence_spec.supplied_inputs(config)
+    supplied_outputs = sequence_spec.supplied_outputs(config)
     if not (config.input or config.batch_input):
         for info in signature.inputs:
-            _fill_tensor(config.input.add(), info, batching)
+            if info.name not in supplied_inputs:
+                _fill_tensor(config.input.add(), info, batching)
     if not config.output:
         for info in signature.outputs:
-            _fill_tensor(config.output.add(), info, batching)
+            if info.name not in supplied_outputs:
+                _fill_tensor(config.output.add(), info, batching)
 
 
 def _fill_tensor(tensor: mc.ModelInput | mc.ModelOutput, info: TensorInfo, batching: bool) -> None:

@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.protocol import sequence_spec
 from server.protocol.proto_json import config_to_json
 from server.repository.paths import regular_file
 from server.scheduling.layout import validate_config as validate_batch_layout
@@ -81,6 +82,17 @@ def normalize(config: ModelConfig, gpu_count: int, visible_gpus: int | None = No
         batching = config.dynamic_batching
         if not batching.preferred_batch_size and config.max_batch_size > 0:
             batching.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if not sequence.max_sequence_idle_microseconds:
+            sequence.max_sequence_idle_microseconds = sequence_spec.DEFAULT_IDLE_US
+        oldest = sequence.oldest
+        if (
+            sequence.HasField("oldest")
+            and not oldest.preferred_batch_size
+            and config.max_batch_size > 0
+        ):
+            oldest.preferred_batch_size.append(config.max_batch_size)
     optimization = config.optimization
     if not optimization.HasField("input_pinned_memory"):
         optimization.input_pinned_memory.enable = True
@@ -114,7 +126,6 @@ def _unimplemented(config: ModelConfig) -> list[str]:
     return [
         field
         for field, asked in (
-            ("sequence_batching", config.HasField("sequence_batching")),
             ("model_repository_agents", bool(config.model_repository_agents.agents)),
             ("model_operations", bool(config.model_operations.op_library_filename)),
             ("cc_model_filenames", bool(config.cc_model_filenames)),
@@ -146,6 +157,7 @@ def validate(config: ModelConfig) -> None:
                     f"dynamic batching preferred size must be <= max batch size for {name}"
                 )
         _validate_priorities(config.dynamic_batching)
+    sequence_spec.validate(config)
     if not config.input:
         raise ModelLoadError(f"model '{name}' must specify at least one input")
     if not config.output:

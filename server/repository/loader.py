@@ -13,15 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from backends.base import Backend, ModelInstance, Placement
 from server.cuda.devices import device_count
 from server.errors import InferenceServerError, ModelLoadError, to_server_error
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.protocol.model_spec import ModelSpec
+from server.protocol.sequence_spec import SequenceSpec
 from server.repository import config as model_config
 from server.repository import ensemble_config
 from server.repository.autocomplete import autocomplete, is_complete
+from server.repository.initial_state import read_initial_states
 from server.repository.labels import read_labels
 from server.repository.limits import check_limits
 from server.repository.paths import confined_file
@@ -33,6 +37,7 @@ from server.scheduling.batcher import BatchingPolicy, DynamicBatcher
 from server.scheduling.direct import DirectScheduler
 from server.scheduling.job import Scheduler
 from server.scheduling.layout import BatchLayout
+from server.scheduling.sequence import SequenceBatcher
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -155,6 +160,7 @@ def load_model(
             model_dir, backends, settings, config_override, gpu_count
         )
         labels = read_labels(config, model_dir)  # a missing label file fails the load, as in Triton
+        initial_states = read_initial_states(config, model_dir)
     except InferenceServerError as exc:
         model.reason = exc.message
         log.error("failed to load model '%s': %s", model.name, exc.message)
@@ -165,7 +171,9 @@ def load_model(
         if backend is None:  # an ensemble: linked to its composing models by the manager
             model.versions[version] = _ensemble_version(config, version, labels)
         else:
-            model.versions[version] = _load_version(model_dir, version, config, backend, labels)
+            model.versions[version] = _load_version(
+                model_dir, version, config, backend, labels, initial_states
+            )
     if not versions:
         model.reason = f"no version folder to load for model '{model.name}'"
         log.error("failed to load model '%s': %s", model.name, model.reason)
@@ -289,8 +297,10 @@ def _load_version(
     config: mc.ModelConfig,
     backend: Backend,
     labels: Mapping[str, tuple[bytes, ...]],
+    initial_states: Mapping[str, np.ndarray],
 ) -> ModelVersion:
-    """``labels``: the outputs' label files, read once for all versions."""
+    """``labels``: the outputs' label files, ``initial_states`` the states' initial data
+    files, read once for all versions."""
     result = ModelVersion(
         config.name,
         version,
@@ -331,7 +341,12 @@ def _load_version(
     result.spec = ModelSpec.from_config(config, labels)
     name = f"{config.name}-{version}"
     layout = BatchLayout.from_config(config)
-    if config.HasField("dynamic_batching") and config.max_batch_size > 0:
+    if config.HasField("sequence_batching"):
+        result.scheduler = SequenceBatcher(
+            name, instances, SequenceSpec.from_config(config, initial_states), result.stats,
+            layout=layout, model=config.name,
+        )
+    elif config.HasField("dynamic_batching") and config.max_batch_size > 0:
         policy = BatchingPolicy.from_config(config)
         result.scheduler = DynamicBatcher(
             name, instances, policy, result.stats, layout=layout, model=config.name

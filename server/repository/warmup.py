@@ -16,13 +16,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from backends.base import ModelInstance, RequestResult, ResponseSink
 from server.errors import InferenceServerError
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
+from server.protocol import sequence_spec
+from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.protocol.validation import PreparedRequest, validate
@@ -63,7 +65,8 @@ def run_warmup(
     spec = ModelSpec.from_config(config)
     layout = BatchLayout.from_config(config)
     decoupled = config.model_transaction_policy.decoupled
-    prepared = [(sample, _prepared(sample, spec)) for sample in samples]
+    supplied = sequence_spec.supplied_inputs(config)
+    prepared = [(sample, _prepared(sample, spec, supplied)) for sample in samples]
     for named in instances:
         for sample, request in prepared:
             _check_batch_size(sample, request, spec, named.instance)
@@ -75,16 +78,24 @@ def run_warmup(
                 _run_once(sample, request, named.instance, layout, stats, decoupled)
 
 
-def _prepared(sample: WarmupSample, spec: ModelSpec) -> PreparedRequest:
+def _prepared(
+    sample: WarmupSample, spec: ModelSpec, supplied: Mapping[str, DataType]
+) -> PreparedRequest:
     """The sample's request validated as a client's would be. Inputs the model does not have
     are control inputs to Triton, which the model's inputs do not include: they are left out
-    here, so that a sample naming none of the model's inputs fails as it does in Triton."""
+    here, so that a sample naming none of the model's inputs fails as it does in Triton. The
+    sequence batcher's control and state inputs (``supplied``) that the sample gives go to
+    the model as they are: a sequence model is warmed up with the controls its sample sets."""
     inputs = [tensor for tensor in sample.request.inputs if tensor.name in spec.inputs]
     request = InferRequest(spec.name, "", inputs)
     try:
-        return validate(request, spec)
+        prepared = validate(request, spec)
     except InferenceServerError as exc:
         raise warmup_failure(f"[request id: <id_unknown>] {exc.message}") from None
+    for tensor in sample.request.inputs:
+        if tensor.name in supplied:
+            prepared.inputs[tensor.name] = tensor.data
+    return prepared
 
 
 def _check_batch_size(

@@ -10,7 +10,8 @@ requests with random input data, one connection per concurrency slot. The measur
 one-second windows, exactly three per concurrency level, stability only loosely required (this is a
 compatibility check, not a benchmark). Covered: HTTP and gRPC; a batched model with ``-b`` > 1 and
 a dynamically batched one; a model without batching; a BYTES model (perf_analyzer's random
-strings); ``--collect-metrics`` against the metrics endpoint; ``--shared-memory system``.
+strings); sequence models (Direct and Oldest, over HTTP, gRPC and a gRPC stream);
+``--collect-metrics`` against the metrics endpoint; ``--shared-memory system``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from scripts import make_models
+from tests.sequence_models import build_sequence_repository
 from tests.server_process import EXAMPLES, ROOT, ServerProcess, start_server
 
 PERF_ANALYZER = Path(
@@ -52,6 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     extra = tmp_path_factory.mktemp("perf_analyzer_repo")
     # No batching: a fixed first dim, so the config is completed with max_batch_size 0.
     make_models.save(make_models.identity("FP32", [16]), extra / "unbatched" / "1" / "model.onnx")
+    build_sequence_repository(extra)  # sequence models (Direct, Oldest, a string CORRID)
     process = start_server(EXAMPLES, extra, args=("--allow-client-shm=true",))
     assert process.port is not None and process.grpc_port is not None, process.log
     yield process
@@ -96,6 +99,10 @@ def test_perf_analyzer_measures_simple(server: ServerProcess, protocol: str) -> 
         ("unbatched", "grpc", ()),
         ("identity_bytes", "grpc", ("--shape", "INPUT0:4")),
         ("identity_bytes", "http", ("--shape", "INPUT0:4")),
+        # perf_analyzer sends sequences (ids, START, END) to a model with sequence_batching
+        ("simple_sequence", "http", ("--sequence-length=5",)),
+        ("simple_dyna_sequence", "grpc", ("--sequence-length=5", "--streaming")),
+        ("simple_string_dyna_sequence", "grpc", ("--sequence-length=3",)),
     ],
 )
 def test_perf_analyzer_model_kinds(

@@ -15,6 +15,7 @@ from scripts import make_models
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes
+from tests.sequence_models import SIMPLE_STRING_DYNA_SEQUENCE, string_dyna_sequence_model
 
 DT = datatypes.BY_NAME
 CPU = Placement(mc.ModelInstanceGroup.KIND_CPU)
@@ -340,3 +341,30 @@ def test_model_fault_raises_at_execute(
         instance.execute(
             {"INPUT0": np.ones((2,), dtype=np.float32)}, ["OUTPUT0"]
         )  # rank 1, model wants 2
+
+
+def _sequence_config(corrid: str, state_output: str) -> mc.ModelConfig:
+    text = SIMPLE_STRING_DYNA_SEQUENCE.format().replace("TYPE_STRING", corrid)
+    return text_format.Parse(text.replace('"ACC_OUT"', f'"{state_output}"'), mc.ModelConfig())
+
+
+def test_sequence_control_and_state_tensors_are_checked(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    """Controls and states are model inputs the config does not declare; they must exist in
+    the model with the datatypes the config gives them."""
+    path = make_models.save(string_dyna_sequence_model(), tmp_path / "q" / "1" / "model.onnx")
+    instance = _load(backend, path, _sequence_config("TYPE_STRING", "ACC_OUT"))
+    instance.close()
+    with pytest.raises(ModelLoadError) as err:
+        _load(backend, path, _sequence_config("TYPE_UINT64", "ACC_OUT"))
+    assert str(err.value) == (
+        "unable to load model 'simple_string_dyna_sequence': sequence batching input 'CORRID' "
+        "has datatype TYPE_STRING in the model but TYPE_UINT64 in the configuration"
+    )
+    with pytest.raises(ModelLoadError) as err:
+        _load(backend, path, _sequence_config("TYPE_STRING", "NOT_THERE"))
+    assert str(err.value) == (
+        "unable to load model 'simple_string_dyna_sequence': sequence batching state output "
+        "'NOT_THERE' is not a tensor of the model (it has ['ACC_OUT', 'OUTPUT'])"
+    )

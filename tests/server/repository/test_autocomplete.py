@@ -234,3 +234,20 @@ def test_empty_signature_is_not_batchable() -> None:
     autocomplete(config, ModelSignature((), ()), 4)
     assert config.max_batch_size == 0
     assert len(config.input) == 0 and len(config.output) == 0
+
+
+def test_sequence_control_and_state_tensors_are_not_client_tensors() -> None:
+    config = _config(
+        'name: "m" sequence_batching { control_input [ { name: "START" control [ { kind: '
+        "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] state [ { input_name: "
+        '"S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 2 ] } ] }'
+    )
+    signature = _sig(
+        [("INPUT", "INT32", (-1, 1)), ("START", "INT32", (-1, 1)), ("S_IN", "FP32", (-1, 2))],
+        [("OUTPUT", "INT32", (-1, 1)), ("S_OUT", "FP32", (-1, 2))],
+    )
+    autocomplete(config, signature, 4)
+    assert [t.name for t in config.input] == ["INPUT"]
+    assert [t.name for t in config.output] == ["OUTPUT"]
+    assert config.max_batch_size == 4
+    assert config.WhichOneof("scheduling_choice") == "sequence_batching"

@@ -192,7 +192,12 @@ def test_file_override_paths_that_escape_are_refused(
     [
         ({"default_model_filename": "../cfg/1/model.onnx"}, "resolves outside"),
         ({"instance_group": [{"kind": "KIND_CPU", "count": 100_000}]}, "instance_group[0].count"),
-        ({"sequence_batching": {}}, "sequence_batching in its configuration is not supported"),
+        (
+            {"sequence_batching": {"control_input": [
+                {"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}
+            ]}},
+            "sequence batching must specify either 'int32_false_true'",
+        ),
     ],
 )
 def test_hostile_config_overrides_are_invalid_arguments(

@@ -525,7 +525,6 @@ def test_configs_past_the_bounds_are_refused_before_loading(
 @pytest.mark.parametrize(
     "extra, field",
     [
-        ("sequence_batching { }", "sequence_batching"),
         ('model_repository_agents { agents { name: "checksum" } }', "model_repository_agents"),
         ('model_operations { op_library_filename: "libop.so" }', "model_operations"),
         ('cc_model_filenames { key: "8.0" value: "a100.onnx" }', "cc_model_filenames"),
