@@ -32,7 +32,14 @@ from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
 from server.scheduling.layout import BatchLayout, ShapeKey
-from server.scheduling.runner import SMALL_REQUEST_BYTES, InstanceRunner, request_bytes
+from server.scheduling.runner import (
+    SMALL_REQUEST_BYTES,
+    InstanceRunner,
+    Runners,
+    consume,
+    request_bytes,
+    wait_released,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +118,7 @@ class _Pending:
     outcome: tuple[dict[str, np.ndarray] | None, BaseException | None] | None = None
 
 
-class DynamicBatcher:
+class DynamicBatcher(Runners):
     """Forms batches for one model version and runs them on its instances."""
 
     def __init__(
@@ -173,26 +180,9 @@ class DynamicBatcher:
             else:
                 pending.job.cancelled = True  # a model taking requests one by one may look
                 # Nobody will read the answer; an error stored in it is not "unretrieved".
-                pending.result.add_done_callback(_consume)
-                while not pending.released.is_set():  # even if cancelled again meanwhile
-                    try:
-                        await pending.released.wait()
-                    except asyncio.CancelledError:
-                        continue
+                pending.result.add_done_callback(consume)
+                await wait_released(pending.released)
             raise
-
-    async def ready(self) -> bool:
-        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
-
-    def close(self, wait: bool = True) -> None:
-        """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
-        self._stop()
-        for runner in self._runners:
-            runner.close(wait)
-
-    async def aclose(self) -> None:
-        self._stop()
-        await asyncio.gather(*(runner.aclose() for runner in self._runners))
 
     def _stop(self) -> None:
         if self._task is not None:
@@ -476,11 +466,6 @@ async def _yield_until(wake: asyncio.Event, seconds: float) -> None:
     end = time.perf_counter() + seconds
     while not wake.is_set() and time.perf_counter() < end:
         await asyncio.sleep(0)
-
-
-def _consume(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

@@ -16,10 +16,10 @@ from backends.base import ModelInstance
 from server.observability.statistics import ModelStats
 from server.scheduling.job import Job
 from server.scheduling.layout import BatchLayout
-from server.scheduling.runner import InstanceRunner
+from server.scheduling.runner import InstanceRunner, Runners
 
 
-class DirectScheduler:
+class DirectScheduler(Runners):
     """Runs requests one by one on whichever of the model's instances is free."""
 
     def __init__(
@@ -92,14 +92,3 @@ class DirectScheduler:
         job.times.compute_ns = time.perf_counter_ns() - started
         if self._stats is not None:
             self._stats.record_execution(job.rows, 0, job.times.compute_ns, 0)
-
-    async def ready(self) -> bool:
-        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
-
-    def close(self, wait: bool = True) -> None:
-        """Stop the worker threads and release the instances."""
-        for runner in self._runners:
-            runner.close(wait)
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(runner.aclose() for runner in self._runners))

@@ -153,7 +153,7 @@ class InstanceRunner:
             return await asyncio.wait_for(asyncio.shield(check), READY_TIMEOUT_S)
         except TimeoutError:
             log.warning("readiness check took more than %.0f s: not ready", READY_TIMEOUT_S)
-            check.add_done_callback(_consume)
+            check.add_done_callback(consume)
             return False
         except Exception:
             log.exception("readiness check failed: not ready")
@@ -196,6 +196,41 @@ class InstanceRunner:
         self._thread.shutdown(wait=False)
 
 
-def _consume(future: asyncio.Future[bool]) -> None:
+def consume(future: asyncio.Future[Any]) -> None:
+    """A done callback for a future nobody will read: an error stored in it is not
+    "unretrieved"."""
     if not future.cancelled():
         future.exception()
+
+
+async def wait_released(released: asyncio.Event) -> None:
+    """Wait until a dispatched request's execution has let go of its inputs, even if cancelled
+    again meanwhile: until then they must not be freed."""
+    while not released.is_set():
+        try:
+            await released.wait()
+        except asyncio.CancelledError:
+            continue
+
+
+class Runners:
+    """Readiness and closing of a scheduler's instance runners (``self._runners``), done
+    alike by every scheduler; ``_stop`` fails what it still queues, before they close."""
+
+    _runners: list[InstanceRunner]
+
+    def _stop(self) -> None:
+        """Nothing is queued outside the runners (a scheduler that queues overrides this)."""
+
+    async def ready(self) -> bool:
+        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
+
+    def close(self, wait: bool = True) -> None:
+        """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
+        self._stop()
+        for runner in self._runners:
+            runner.close(wait)
+
+    async def aclose(self) -> None:
+        self._stop()
+        await asyncio.gather(*(runner.aclose() for runner in self._runners))

@@ -34,7 +34,14 @@ from server.protocol.sequence_spec import SequenceId, SequenceSpec
 from server.scheduling.batcher import Clock
 from server.scheduling.job import Job
 from server.scheduling.layout import BatchLayout
-from server.scheduling.runner import SMALL_REQUEST_BYTES, InstanceRunner, request_bytes
+from server.scheduling.runner import (
+    SMALL_REQUEST_BYTES,
+    InstanceRunner,
+    Runners,
+    consume,
+    request_bytes,
+    wait_released,
+)
 from server.scheduling.sequence_batch import (
     Entry,
     Sequence,
@@ -49,7 +56,7 @@ from server.scheduling.sequence_batch import (
 log = logging.getLogger(__name__)
 
 
-class SequenceBatcher:
+class SequenceBatcher(Runners):
     """Schedules the sequences of one model version on its instances."""
 
     def __init__(
@@ -111,26 +118,9 @@ class SequenceBatcher:
                 self._withdraw(request)
             else:
                 job.cancelled = request.ran.cancelled = True
-                request.result.add_done_callback(_consume)
-                while not request.released.is_set():  # even if cancelled again meanwhile
-                    try:
-                        await request.released.wait()
-                    except asyncio.CancelledError:
-                        continue
+                request.result.add_done_callback(consume)
+                await wait_released(request.released)
             raise
-
-    async def ready(self) -> bool:
-        return all(await asyncio.gather(*(runner.ready() for runner in self._runners)))
-
-    def close(self, wait: bool = True) -> None:
-        """Fail what is still queued and release the instances (see ``Scheduler.close``)."""
-        self._stop()
-        for runner in self._runners:
-            runner.close(wait)
-
-    async def aclose(self) -> None:
-        self._stop()
-        await asyncio.gather(*(runner.aclose() for runner in self._runners))
 
     def _stop(self) -> None:
         self._closed = True
@@ -402,8 +392,3 @@ def _fail(request: SequenceRequest, error: BaseException) -> None:
         request.result.set_exception(
             error if isinstance(error, Exception) else InternalError(str(error))
         )
-
-
-def _consume(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
-    if not future.cancelled():
-        future.exception()

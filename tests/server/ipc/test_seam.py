@@ -186,19 +186,25 @@ def test_control_calls_answer_with_the_executor_state(models: Path) -> None:
     run(models, body)
 
 
+def hold(seam: Seam, model: str) -> asyncio.Event:
+    """Make ``model``'s executions wait until the returned event is set."""
+    served = seam.dataplane._repository.version(model, "")
+    assert served.scheduler is not None
+    gate = asyncio.Event()
+    real = served.scheduler.execute
+
+    async def slow(job: Any) -> Any:
+        await gate.wait()
+        return await real(job)
+
+    served.scheduler.execute = slow  # type: ignore[method-assign]
+    return gate
+
+
 def test_a_cancelled_request_never_runs_and_its_blocks_are_freed(models: Path) -> None:
     async def body(seam: Seam) -> None:
         # Hold the only instance busy, then queue a request and give it up.
-        served = seam.dataplane._repository.version("ident", "")
-        assert served.scheduler is not None
-        gate = asyncio.Event()
-        real = served.scheduler.execute
-
-        async def slow(job: Any) -> Any:
-            await gate.wait()
-            return await real(job)
-
-        served.scheduler.execute = slow  # type: ignore[method-assign]
+        gate = hold(seam, "ident")
         data = np.ones((4, 65536), dtype=np.float32)
         task = asyncio.create_task(seam.client.infer(ident_request(4, 65536, data)))
         await asyncio.sleep(0.1)
@@ -220,16 +226,7 @@ def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answe
     dropped request does not end the wait: the blocks (which the executor may be reading)
     are freed only once that answer is in."""
     async def body(seam: Seam) -> None:
-        served = seam.dataplane._repository.version("ident", "")
-        assert served.scheduler is not None
-        gate = asyncio.Event()
-        real = served.scheduler.execute
-
-        async def slow(job: Any) -> Any:
-            await gate.wait()
-            return await real(job)
-
-        served.scheduler.execute = slow  # type: ignore[method-assign]
+        gate = hold(seam, "ident")
         data = np.ones((4, 65536), dtype=np.float32)
         task = asyncio.create_task(seam.client.infer(ident_request(4, 65536, data)))
         await asyncio.sleep(0.1)
