@@ -84,7 +84,7 @@ def _prepared(sample: WarmupSample, spec: ModelSpec) -> PreparedRequest:
     try:
         return validate(request, spec)
     except InferenceServerError as exc:
-        raise warmup_failure(f"[request id: <id_unknown>] {exc.message}") from None
+        raise warmup_failure(exc.message) from None
 
 
 def _check_batch_size(
