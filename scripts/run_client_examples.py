@@ -221,36 +221,41 @@ def write_repository(root: Path) -> Path:
 
 @dataclass(frozen=True)
 class Outcome:
-    """An invocation's verdict on one server, and the lines compared across servers."""
+    """An invocation's verdict on one server, and what it printed there."""
 
     passed: bool
     why: str
     classes: tuple[str, ...]  # the class lines the client printed, in order
+    printed: tuple[str, ...]  # every line it printed
 
 
 def judge(invocation: Invocation, passed: bool, output: str, last: str) -> Outcome:
     """Whether the client did what it should, from its exit status and output."""
-    lines = output.splitlines()
+    lines = tuple(output.splitlines())
     classes = tuple(line for line in lines if _CLASS_LINE.match(line))
+
+    def outcome(ok: bool, why: str) -> Outcome:
+        return Outcome(ok, why, classes, lines)
+
     if invocation.refused is not None:
         if passed:
-            return Outcome(False, "the server did not refuse it", classes)
+            return outcome(False, "the server did not refuse it")
         if not any(invocation.refused in line for line in lines):
-            return Outcome(False, f"not refused with the server's text: {last}", classes)
-        return Outcome(True, last, classes)
+            return outcome(False, f"not refused with the server's text: {last}")
+        return outcome(True, last)
     if not passed or last != "PASS":
-        return Outcome(False, last, classes)
+        return outcome(False, last)
     model = MODELS[invocation.model]
     expected = 3 * invocation.batch
     if len(classes) != expected:
-        return Outcome(False, f"{len(classes)} classes printed, not {expected}", classes)
+        return outcome(False, f"{len(classes)} classes printed, not {expected}")
     for line in classes:
         match = _CLASS_LINE.match(line)
         assert match is not None
         label = f"{model.family.upper()} CLASS {int(match[2]):04d}"
         if match[3] != label:
-            return Outcome(False, f"class {match[2]} labelled {match[3]!r}, not {label!r}", classes)
-    return Outcome(True, last, classes)
+            return outcome(False, f"class {match[2]} labelled {match[3]!r}, not {label!r}")
+    return outcome(True, last)
 
 
 def run_on(
@@ -261,7 +266,7 @@ def run_on(
     http, grpc = f"localhost:{ports[0]}", f"localhost:{ports[1]}"
     with serving(command, http, log_dir / f"{server}.server.log") as why:
         if why is not None:
-            return {i: Outcome(False, why, ()) for i in INVOCATIONS}
+            return {i: Outcome(False, why, (), ()) for i in INVOCATIONS}
         outcomes = {}
         for number, invocation in enumerate(INVOCATIONS):
             run = run_client(
@@ -288,6 +293,14 @@ def check_agreement(results: dict[str, dict[Invocation, Outcome]]) -> dict[tuple
             if outcome.passed and invocation.refused is None and len(groups[key]) > 1:
                 disagreements[server, invocation] = "classes differ from another run's"
     return disagreements
+
+
+def _first_difference(reference: Outcome, outcome: Outcome) -> str:
+    """Triton's first line that this run did not print the same."""
+    for theirs, ours in zip(reference.printed, outcome.printed):
+        if theirs != ours:
+            return theirs
+    return f"{len(reference.printed)} lines, not {len(outcome.printed)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     for layout, outcomes in results.items():
         for invocation, outcome in outcomes.items():
             why = disagreements.get((layout, invocation))
-            if why is None and triton is not None and triton[invocation] != outcome:
-                reference = triton[invocation]
-                why = f"Triton printed otherwise: {reference.why}"
+            reference = triton[invocation] if triton is not None else None
+            if why is None and reference is not None and reference.printed != outcome.printed:
+                why = f"Triton printed otherwise: {_first_difference(reference, outcome)}"
             passed = outcome.passed and why is None
             failed += not passed
             verdict = "PASS" if passed else "FAIL"
