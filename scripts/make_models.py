@@ -37,6 +37,7 @@ __all__ = [
     "add_sub",
     "config_pbtxt",
     "identity",
+    "image_classifier",
     "main",
     "mlp",
     "save",
@@ -220,6 +221,76 @@ def mlp(inputs: int = 256, hidden: int = 256, outputs: int = 10, seed: int = 0) 
         ],
     )
     return _model(graph, f"mlp {inputs}-{hidden}-{outputs} seed={seed}")
+
+
+def image_classifier(
+    input_name: str = "data_0",
+    output_name: str = "fc6_1",
+    image: tuple[int, int, int] = (3, 224, 224),
+    scores: tuple[int, ...] = (1000, 1, 1),
+    channels_last: bool = False,
+    batch: bool = True,
+    seed: int = 0,
+) -> onnx.ModelProto:
+    """An image classifier with densenet_onnx's interface and none of its weights: FP32
+    ``[batch, C, H, W]`` in (``[batch, H, W, C]`` with ``channels_last``, as Triton's
+    inception example; ``image`` is in the input's own order), FP32 ``[batch, *scores]``
+    out, one score per class (densenet's are ``[1000, 1, 1]``); without ``batch``, the same
+    without the batch dimension.
+
+    The scores are a fixed projection (seeded) of the image averaged over 8 x 8 tiles, so
+    they are deterministic, differ between images, and cost little to compute; the model
+    needs no download, which is what NVIDIA's image client examples are run against.
+    """
+    height, width = image[:2] if channels_last else image[1:]
+    channels = image[2] if channels_last else image[0]
+    tile = [height // 8, width // 8]
+    features, classes = channels * 8 * 8, int(np.prod(scores))
+    rng = np.random.default_rng(seed)
+    weights = (rng.standard_normal((features, classes)) / np.sqrt(features)).astype(np.float32)
+    leading: list[Dim] = ["batch"] if batch else []
+    nodes, pixels = [], input_name
+    initializers = [
+        numpy_helper.from_array(weights, "W"),
+        numpy_helper.from_array(np.array([-1 if batch else 1, *scores], dtype=np.int64), "SHAPE"),
+    ]
+    if not batch:
+        nodes.append(helper.make_node("Unsqueeze", [pixels, "AXIS0"], ["batched"], name="batch"))
+        initializers.append(numpy_helper.from_array(np.array([0], dtype=np.int64), "AXIS0"))
+        pixels = "batched"
+    if channels_last:
+        nodes.append(
+            helper.make_node("Transpose", [pixels], ["nchw"], name="nchw", perm=[0, 3, 1, 2])
+        )
+        pixels = "nchw"
+    nodes += [
+        helper.make_node(
+            "AveragePool", [pixels], ["tiles"], name="tiles", kernel_shape=tile, strides=tile
+        ),
+        helper.make_node("Flatten", ["tiles"], ["features"], name="flatten", axis=1),
+        helper.make_node("MatMul", ["features", "W"], ["projected"], name="project"),
+        helper.make_node(
+            "Reshape", ["projected", "SHAPE"], [output_name if batch else "shaped"], name="shape"
+        ),
+    ]
+    if not batch:
+        nodes.append(
+            helper.make_node("Squeeze", ["shaped", "AXIS0"], [output_name], name="unbatch")
+        )
+    graph = helper.make_graph(
+        nodes,
+        "image_classifier",
+        inputs=[helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [*leading, *image])],
+        outputs=[
+            helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [*leading, *scores])
+        ],
+        initializer=initializers,
+    )
+    layout = "NHWC" if channels_last else "NCHW"
+    return _model(
+        graph,
+        f"image_classifier {layout} {list(image)} -> {list(scores)} batch={batch} seed={seed}",
+    )
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

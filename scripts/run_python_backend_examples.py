@@ -25,21 +25,19 @@ Exit status 0 when every client passed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-LAYOUTS = {"one-process": ["--frontends=0"], "split": []}
-_START_S = 120.0
+if __package__ in (None, ""):  # run as a file: make the `scripts` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.example_runs import LAYOUTS, importable, run_client, serving, tensorgate_command
+
 _CLIENT_S = 180.0
 
 
@@ -159,65 +157,21 @@ def build_repository(examples_dir: Path, example: Example, into: Path) -> None:
             shutil.copy(examples_dir / model.config, into / model.name / "config.pbtxt")
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def wait_loaded(server: subprocess.Popen[bytes]) -> str | None:
-    """Wait until the server answers and no model is still loading; why not, or None."""
-    deadline = time.monotonic() + _START_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            return f"server exited with status {server.returncode}"
-        try:
-            if _get("http://localhost:8000/v2/health/ready")[0] == 200:
-                return None
-            request = urllib.request.Request(
-                "http://localhost:8000/v2/repository/index", data=b"{}", method="POST"
-            )
-            with urllib.request.urlopen(request, timeout=2) as reply:
-                states = [m.get("state") for m in json.loads(reply.read())]
-            if states and "LOADING" not in states:
-                return None  # some model failed to load: the clients say what that costs
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.25)
-    return "server not ready in time"
-
-
 def run_example(
     example: Example, examples_dir: Path, layout: str, python: str, log_dir: Path
 ) -> list[tuple[str, bool, str]]:
     """Each client's (name, passed, last output line) for one example in one layout."""
     with tempfile.TemporaryDirectory(prefix=f"pbx-{example.name}-") as repo:
         build_repository(examples_dir, example, Path(repo))
+        command = tensorgate_command(python, Path(repo), layout)
         log_path = log_dir / f"{example.name}-{layout}.server.log"
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-        with log_path.open("wb") as log:
-            server = subprocess.Popen(
-                [python, "-m", "server", f"--model-repository={repo}", "--exit-on-error=false",
-                 *LAYOUTS[layout]],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            )
-        try:
-            why = wait_loaded(server)
+        with serving(command, "localhost:8000", log_path) as why:
             if why is not None:
                 return [(client, False, why) for client in example.clients]
             return [
                 _run_client(examples_dir / client, python, log_dir, example.name, layout)
                 for client in example.clients
             ]
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
 
 
 def _run_client(
@@ -232,23 +186,9 @@ def _run_client(
         # Their shared-memory leak probe reads the python backend's own regions (a compiled
         # helper tensorgate has no use for); TEST_JETSON is their switch to skip it.
         env = dict(os.environ, TEST_JETSON="1")
-    try:
-        done = subprocess.run(
-            command, capture_output=True, timeout=_CLIENT_S, cwd=script.parent, check=False,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return name, False, f"client ran over {_CLIENT_S:.0f} s"
-    output = (done.stdout + done.stderr).decode(errors="replace")
-    (log_dir / f"{example}-{layout}-{script.stem}.client.log").write_text(output)
-    lines = [line for line in output.splitlines() if line.strip()]
-    return name, done.returncode == 0, lines[-1] if lines else f"exit {done.returncode}"
-
-
-def _importable(python: str, module: str) -> bool:
-    return subprocess.run(
-        [python, "-c", f"import {module}"], capture_output=True, check=False
-    ).returncode == 0
+    log_path = log_dir / f"{example}-{layout}-{script.stem}.client.log"
+    run = run_client(command, script.parent, log_path, _CLIENT_S, env)
+    return name, run.passed, run.last
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     for tree, example in chosen:
-        missing = [m for m in example.needs if not _importable(args.python, m)]
+        missing = [m for m in example.needs if not importable(args.python, m)]
         note = f" (without {', '.join(missing)})" if missing else ""
         for layout in layouts:
             for client, passed, last in run_example(

@@ -36,6 +36,7 @@ from server.observability.statistics import statistics_response
 from server.protocol import classification, datatypes
 from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
 from server.protocol.model_spec import ModelSpec, TensorSpec
+from server.protocol.refusals import request_refused
 from server.protocol.shapes import element_count
 from server.protocol.streaming import StreamReply
 from server.protocol.types import (
@@ -611,9 +612,10 @@ def _read_shared_inputs(request: InferRequest, lease: RegionLease, on_device: bo
         if not tensor.datatype.is_bytes:
             expected = element_count(tensor.shape) * tensor.datatype.itemsize
             if ref.byte_size != expected:
-                raise InvalidArgument(
+                raise request_refused(
+                    request.id,
                     f"input byte size mismatch for input '{tensor.name}' for model "
-                    f"'{request.model_name}'. Expected {expected}, got {ref.byte_size}"
+                    f"'{request.model_name}'. Expected {expected}, got {ref.byte_size}",
                 )
         if on_device and tensor.datatype.dtype.kind in DEVICE_KINDS:
             raw = lease.read_on_device(ref.region, ref.offset, ref.byte_size, tensor.name)
@@ -622,7 +624,7 @@ def _read_shared_inputs(request: InferRequest, lease: RegionLease, on_device: bo
                 continue
         view = lease.read(ref.region, ref.offset, ref.byte_size, tensor.name)
         tensor.data = tensor_from_bytes(
-            view, tensor.datatype, tensor.shape, tensor.name, request.model_name
+            view, tensor.datatype, tensor.shape, tensor.name, request.model_name, request.id
         )
 
 

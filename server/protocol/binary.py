@@ -12,6 +12,7 @@ import numpy as np
 
 from server.errors import InvalidArgument
 from server.protocol.datatypes import DataType
+from server.protocol.refusals import request_refused
 from server.protocol.shapes import element_count, reshape
 
 _LENGTH = struct.Struct("<I")
@@ -66,17 +67,24 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 
 
 def tensor_from_bytes(
-    view: memoryview, datatype: DataType, shape: tuple[int, ...], name: str, model: str
+    view: memoryview,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    name: str,
+    model: str,
+    request_id: str | None,
 ) -> np.ndarray:
-    """A tensor of ``shape`` over ``view``: a zero-copy view, or parsed BYTES elements."""
+    """A tensor of ``shape`` over ``view``: a zero-copy view, or parsed BYTES elements. A
+    wrong byte count is refused naming ``request_id``, as Triton's core refuses it."""
     count = element_count(shape)
     if datatype.is_bytes:
         return reshape(deserialize_bytes(view, count, name, model), shape, name)
     expected = count * datatype.itemsize
     if expected != len(view):
-        raise InvalidArgument(
+        raise request_refused(
+            request_id,
             f"input byte size mismatch for input '{name}' for model '{model}'. "
-            f"Expected {expected}, got {len(view)}"
+            f"Expected {expected}, got {len(view)}",
         )
     data = np.frombuffer(view, dtype=datatype.dtype)
     if datatype.name == "BOOL" and data.size and data.view(np.uint8).max() > 1:

@@ -138,7 +138,7 @@ def decode_request(
             )
     raw_of = dict(zip(in_band, raw, strict=True)) if raw else {}
     inputs = [
-        _decode_input(tensor, raw_of.get(index), model, spec)
+        _decode_input(tensor, raw_of.get(index), model, spec, msg.id)
         for index, tensor in enumerate(msg.inputs)
     ]
     outputs = [_decode_output(output) for output in msg.outputs] or None
@@ -157,6 +157,7 @@ def _decode_input(
     raw: bytes | memoryview | None,
     model: str,
     spec: ModelSpec | None,
+    request_id: str,
 ) -> InputTensor:
     name = tensor.name
     datatype = datatypes.from_name(tensor.datatype)
@@ -166,7 +167,7 @@ def _decode_input(
             f"Unable to parse 'shape' of input '{name}': dims must be non-negative"
         )
     if spec is not None:
-        check_input(spec, name, datatype, shape)
+        check_input(spec, name, datatype, shape, request_id)
     params = _parameters(tensor.parameters, f"input '{name}'")
     region = shared_memory_ref(params, f"input '{name}'")
     if region is not None:
@@ -176,7 +177,7 @@ def _decode_input(
             )
         return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region)
     if raw is not None:
-        data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model)
+        data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model, request_id)
     else:
         data = _from_contents(tensor.contents, datatype, shape, name, model)
     return InputTensor(name, datatype, shape, data, params)

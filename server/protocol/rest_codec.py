@@ -20,6 +20,7 @@ from server.protocol.datatypes import DataType
 from server.protocol.json_codec import MAX_JSON_DEPTH
 from server.protocol.model_spec import ModelSpec
 from server.protocol.parameters import check_request_parameters
+from server.protocol.refusals import request_refused
 from server.protocol.shapes import element_count
 from server.protocol.shared_memory_params import REGION, shared_memory_ref
 from server.protocol.types import (
@@ -122,7 +123,7 @@ def decode_request(
     offset = 0
     budget = _DataBudget(max_data_bytes)
     for raw in raw_inputs:
-        tensor, offset = _decode_input(raw, binary, offset, model_name, spec, budget)
+        tensor, offset = _decode_input(raw, binary, offset, model_name, spec, budget, request_id)
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidArgument(
@@ -162,6 +163,7 @@ def _decode_input(
     model: str,
     spec: ModelSpec | None,
     budget: _DataBudget,
+    request_id: str | None,
 ) -> tuple[InputTensor, int]:
     if not isinstance(raw, dict):
         raise InvalidArgument("each element of 'inputs' must be a JSON object")
@@ -172,7 +174,7 @@ def _decode_input(
     shape = _shape(raw["shape"], name)
     datatype = datatypes.from_name(raw["datatype"])
     if spec is not None:
-        check_input(spec, name, datatype, shape)
+        check_input(spec, name, datatype, shape, request_id)
     params = _parameters(raw, f"input '{name}'")
     region = shared_memory_ref(params, f"input '{name}'")
     sources = [
@@ -209,7 +211,9 @@ def _decode_input(
                 f"unexpected size for input '{name}', expecting {size} additional bytes for "
                 f"model '{model}'"
             )
-        data = tensor_from_bytes(binary[offset : offset + size], datatype, shape, name, model)
+        data = tensor_from_bytes(
+            binary[offset : offset + size], datatype, shape, name, model, request_id
+        )
         return InputTensor(name, datatype, shape, data, params), offset + size
     if "data" not in raw:
         raise InvalidArgument(f"input '{name}' has neither 'data' nor 'binary_data_size'")
@@ -243,17 +247,20 @@ def decode_raw_request(body: memoryview, spec: ModelSpec, model_version: str) ->
     batch 1, its shape deduced from the model's spec."""
     model = spec.name
     if len(spec.inputs) != 1:
-        raise InvalidArgument(
+        raise request_refused(
+            None,
             f"Raw request must only have 1 input (found 1) to be deduced but got "
-            f"{len(spec.inputs)} inputs in '{model}' model configuration"
+            f"{len(spec.inputs)} inputs in '{model}' model configuration",
         )
     (tensor,) = spec.inputs.values()
     datatype = tensor.datatype
     dims = list(tensor.dims)
     if datatype.is_bytes:
         if dims != [1]:
-            raise InvalidArgument(
-                f"For BYTE datatype raw input '{tensor.name}', the model must have input shape [1]"
+            raise request_refused(
+                None,
+                f"For BYTE datatype raw input '{tensor.name}', the model must have input shape "
+                "[1]",
             )
         # The body is the one element itself, not length-prefixed.
         shape: tuple[int, ...] = (1, 1) if spec.batching else (1,)
@@ -261,9 +268,10 @@ def decode_raw_request(body: memoryview, spec: ModelSpec, model_version: str) ->
         return _raw_request(spec, model_version, tensor.name, datatype, shape, data)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
-        raise InvalidArgument(
+        raise request_refused(
+            None,
             f"The shape of the raw input '{tensor.name}' can not be deduced because there are "
-            "more than one variable-sized dimension"
+            "more than one variable-sized dimension",
         )
     if variable:
         fixed = element_count(tuple(d for d in dims if d != -1)) * datatype.itemsize
@@ -274,7 +282,7 @@ def decode_raw_request(body: memoryview, spec: ModelSpec, model_version: str) ->
             )
         dims[variable[0]] = len(body) // fixed
     shape = (1, *dims) if spec.batching else tuple(dims)
-    data = tensor_from_bytes(body, datatype, shape, tensor.name, model)
+    data = tensor_from_bytes(body, datatype, shape, tensor.name, model, None)
     return _raw_request(spec, model_version, tensor.name, datatype, shape, data)
 
 

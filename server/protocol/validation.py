@@ -14,6 +14,7 @@ from server.errors import InvalidArgument
 from server.protocol import classification
 from server.protocol.datatypes import DataType
 from server.protocol.model_spec import ModelSpec, TensorSpec
+from server.protocol.refusals import request_refused
 from server.protocol.types import InferRequest, InputTensor
 
 
@@ -35,27 +36,37 @@ def _dims_text(dims: list[int] | tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
+#: What Triton adds when an input's shape does not fit a batching model (whose dims leave out
+#: the batch dimension); for any other model the text ends at ". ", as there.
+_IMPLICIT_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+    "be prepended to each input shape. If you want to specify the full shape including the "
+    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
+
+
 def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
 
 
 def validate(request: InferRequest, spec: ModelSpec) -> PreparedRequest:
     """Validate ``request`` for the model ``spec``; raise ``InvalidArgument`` on any mistake."""
-    model = spec.name
     inputs: dict[str, np.ndarray] = {}
     batch_size: int | None = None
     for tensor in request.inputs:
         if tensor.name in inputs:
-            raise InvalidArgument(f"input '{tensor.name}' already exists in request")
-        rows = check_input(spec, tensor.name, tensor.datatype, tensor.shape)
+            raise request_refused(request.id, f"input '{tensor.name}' already exists in request")
+        rows = check_input(spec, tensor.name, tensor.datatype, tensor.shape, request.id)
         declared = spec.inputs[tensor.name]
         if rows is not None:
             if batch_size is None:
                 batch_size = rows
             elif rows != batch_size:
-                raise InvalidArgument(
-                    f"inference input '{tensor.name}' batch size {rows} does not match the batch "
-                    f"size {batch_size} of the other inputs for model '{model}'"
+                raise request_refused(
+                    request.id,
+                    f"input '{tensor.name}' batch size does not match other inputs for "
+                    f"'{spec.name}'",
                 )
         inputs[tensor.name] = _model_view(tensor, declared, spec)
     if len(inputs) < len(spec.inputs):
@@ -68,37 +79,46 @@ def validate(request: InferRequest, spec: ModelSpec) -> PreparedRequest:
 
 
 def check_input(
-    spec: ModelSpec, name: str, datatype: DataType, shape: tuple[int, ...]
+    spec: ModelSpec,
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    request_id: str | None,
 ) -> int | None:
     """Check an input's name, datatype and shape against the model; its batch size when the
     model batches. Codecs call this before decoding the data, so a wrong tensor is refused
-    before any work is done on its bytes."""
+    before any work is done on its bytes. ``request_id`` is named in the refusals, as Triton
+    names it (``server.protocol.refusals``); an unknown input is refused without it, as there."""
     model = spec.name
     declared = spec.inputs.get(name)
     if declared is None:
         raise InvalidArgument(f"unexpected inference input '{name}' for model '{model}'")
     if datatype is not declared.datatype:
-        raise InvalidArgument(
+        raise request_refused(
+            request_id,
             f"inference input '{name}' data-type is '{datatype.name}', but model "
-            f"'{model}' expects '{declared.datatype.name}'"
+            f"'{model}' expects '{declared.datatype.name}'",
         )
     full_dims = (-1, *declared.dims) if spec.batching else declared.dims
     rows = None
     if spec.batching:
         if not shape:
-            raise InvalidArgument(
-                f"inference input '{name}' for model '{model}' must have a batch "
-                "dimension: the model has max_batch_size > 0"
+            raise request_refused(
+                request_id,
+                f"input '{name}' has no shape but model requires batch dimension for '{model}'",
             )
         rows = shape[0]
         if rows > spec.max_batch_size:
-            raise InvalidArgument(
-                f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'"
+            raise request_refused(
+                request_id,
+                f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'",
             )
     if not _shape_matches(shape, full_dims):
-        raise InvalidArgument(
+        raise request_refused(
+            request_id,
             f"unexpected shape for input '{name}' for model '{model}'. Expected "
-            f"{_dims_text(full_dims)}, got {_dims_text(shape)}"
+            f"{_dims_text(full_dims)}, got {_dims_text(shape)}. "
+            f"{_IMPLICIT_BATCH_NOTE if spec.batching else ''}",
         )
     return rows
 
@@ -129,10 +149,11 @@ def _check_required(request: InferRequest, spec: ModelSpec, given: dict[str, np.
         else f"expected number of inputs between {len(required)} and {len(spec.inputs)}"
     )
     got = [t.name for t in request.inputs]
-    raise InvalidArgument(
+    raise request_refused(
+        request.id,
         f"{count} but got {len(got)} inputs for model '{spec.name}'. Got input(s) "
         f"{_names_text(got)}, but missing required input(s) {_names_text(missing)}. Please "
-        "provide all required input(s)."
+        "provide all required input(s).",
     )
 
 
@@ -146,7 +167,7 @@ def _output_names(request: InferRequest, spec: ModelSpec) -> list[str]:
                 f"unexpected inference output '{output.name}' for model '{spec.name}'"
             )
         if output.name in names:
-            raise InvalidArgument(f"output '{output.name}' already exists in request")
+            raise request_refused(request.id, f"output '{output.name}' already exists in request")
         classification.check_datatype(output, spec.outputs[output.name])
         names.append(output.name)
     return names

@@ -91,7 +91,7 @@ def _prepared(
     try:
         prepared = validate(request, spec)
     except InferenceServerError as exc:
-        raise warmup_failure(f"[request id: <id_unknown>] {exc.message}") from None
+        raise warmup_failure(exc.message) from None
     for tensor in sample.request.inputs:
         if tensor.name in supplied:
             prepared.inputs[tensor.name] = tensor.data

@@ -6,6 +6,7 @@ model folder; and the refusals, 400 / INVALID_ARGUMENT (triton-features §1.3)."
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 import tritonclient.http as httpclient  # type: ignore[import-untyped]
+from tritonclient.grpc import model_config_pb2  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from scripts import make_models
@@ -22,11 +24,29 @@ from tests.server_process import EXAMPLES, ServerProcess, start_server
 
 DIGITS = [f"digit_{i}" for i in range(10)]
 FRUIT = ["apple", "pickle", "pear", "plum"]
+CLASSES = [f"CLASS {i}" for i in range(10)]
+#: densenet_onnx's config as Triton ships it, smaller: the output's dims are [10], the model's
+#: tensor [10, 1, 1] (a reshape), labels in a file; max_batch_size 2 rather than 1.
+SMALL_DENSENET = """name: "small_densenet"
+platform: "onnxruntime_onnx"
+max_batch_size : 2
+input [ { name: "data_0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 16, 16 ] } ]
+output [
+  {
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ 10 ]
+    reshape { shape: [ 10, 1, 1 ] }
+    label_filename: "densenet_labels.txt"
+  }
+]
+"""
 
 
 def _repository(root: Path) -> Path:
     """``mlp`` (FP32 [batch, 10]) with a label file; identities for INT32, FP16 and BYTES;
-    and ``fruit``, a non-batching FP32 [4] identity with labels."""
+    ``fruit``, a non-batching FP32 [4] identity with labels; and ``small_densenet``, an image
+    classifier configured as Triton's densenet_onnx example is."""
     mlp = root / "mlp"
     shutil.copytree(EXAMPLES / "mlp", mlp)
     config = (mlp / "config.pbtxt").read_text()
@@ -47,6 +67,13 @@ def _repository(root: Path) -> Path:
         'label_filename: "fruit.txt" }\n'
     )
     (root / "fruit" / "fruit.txt").write_text("\n".join(FRUIT))  # no final newline
+    densenet = root / "small_densenet"
+    make_models.save(
+        make_models.image_classifier(image=(3, 16, 16), scores=(10, 1, 1)),
+        densenet / "1" / "model.onnx",
+    )
+    (densenet / "config.pbtxt").write_text(SMALL_DENSENET)
+    (densenet / "densenet_labels.txt").write_text("".join(f"{c}\n" for c in CLASSES))
     return root
 
 
@@ -228,3 +255,95 @@ def test_classification_is_listed_first_in_the_extensions(
 ) -> None:
     assert http.get_server_metadata()["extensions"][0] == "classification"
     assert grpc_client.get_server_metadata().extensions[0] == "classification"
+
+
+def _images(rows: int) -> np.ndarray:
+    return np.random.default_rng(rows).uniform(-1, 1, (rows, 3, 16, 16)).astype(np.float32)
+
+
+def test_what_an_image_client_reads_of_a_densenet_style_model(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """NVIDIA's image client checks the metadata and config: one FP32 output of the config's
+    dims (not the reshape) and the input's format, a name over HTTP and an enum over gRPC."""
+    metadata = http.get_model_metadata("small_densenet")
+    assert metadata["outputs"] == [{"name": "fc6_1", "datatype": "FP32", "shape": [-1, 10]}]
+    assert metadata["inputs"][0]["shape"] == [-1, 3, 16, 16]
+    assert http.get_model_config("small_densenet")["input"][0]["format"] == "FORMAT_NCHW"
+    config = grpc_client.get_model_config("small_densenet").config
+    assert config.input[0].format == model_config_pb2.ModelInput.FORMAT_NCHW
+    assert list(grpc_client.get_model_metadata("small_densenet").outputs[0].shape) == [-1, 10]
+
+
+def _densenet_request(module: Any, images: np.ndarray, count: int) -> dict[str, list[Any]]:
+    """The keyword arguments of an ``infer`` of ``images`` asking for their top ``count``."""
+    tensor = module.InferInput("data_0", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    return {
+        "inputs": [tensor],
+        "outputs": [module.InferRequestedOutput("fc6_1", class_count=count)],
+    }
+
+
+def _expected_classes(raw: np.ndarray, k: int) -> list[str]:
+    return [
+        f"{float(row[i]):f}:{i}:{CLASSES[i]}"
+        for row in raw
+        for i in sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+    ]
+
+
+def test_a_reshaped_output_is_classified_through_every_way_an_image_client_asks(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """A batch of two images, top three each, labelled: HTTP and gRPC, sync, async and over a
+    stream, as NVIDIA's image client asks; the unclassified output has the config's dims."""
+    images = _images(2)
+    raw = http.infer("small_densenet", **_densenet_request(httpclient, images, 0)).as_numpy(
+        "fc6_1"
+    )
+    assert raw.shape == (2, 10)
+    expected = _expected_classes(raw, 3)
+    results = [
+        http.infer("small_densenet", **_densenet_request(httpclient, images, 3), request_id="1"),
+        http.async_infer(
+            "small_densenet", **_densenet_request(httpclient, images, 3), request_id="2"
+        ).get_result(),
+        grpc_client.infer("small_densenet", **_densenet_request(grpcclient, images, 3)),
+    ]
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(lambda result, error: replies.put((result, error)))
+    try:
+        grpc_client.async_stream_infer(
+            "small_densenet", **_densenet_request(grpcclient, images, 3), request_id="3"
+        )
+        result, error = replies.get(timeout=30)
+    finally:
+        grpc_client.stop_stream()
+    assert error is None
+    results.append(result)
+    for result in results:
+        top = result.as_numpy("fc6_1")
+        assert top.shape == (2, 3)
+        assert _texts(top) == expected
+
+
+def test_a_batch_past_max_batch_size_is_refused_naming_the_request(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """Three images to a model of max_batch_size 2: refused with Triton's text, which names
+    the request id the client gave (as image_client's ``-b 2`` to densenet_onnx is refused)."""
+    text = "[request id: 1] inference request batch-size must be <= 2 for 'small_densenet'"
+    with pytest.raises(InferenceServerException) as err:
+        http.infer("small_densenet", **_densenet_request(httpclient, _images(3), 3), request_id="1")
+    assert (err.value.status(), err.value.message()) == ("400", text)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(lambda result, error: replies.put((result, error)))
+    try:
+        grpc_client.async_stream_infer(
+            "small_densenet", **_densenet_request(grpcclient, _images(3), 3), request_id="1"
+        )
+        _, error = replies.get(timeout=30)
+    finally:
+        grpc_client.stop_stream()
+    assert error is not None and error.message() == text

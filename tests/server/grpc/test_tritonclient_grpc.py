@@ -27,6 +27,7 @@ from tritonclient.utils import (  # type: ignore[import-untyped]
 
 from tests.model_repos import DATATYPES, identity_name
 from tests.server_process import ServerProcess
+from tests.triton_texts import NO_ID
 
 MAX_MESSAGE = 2**31 - 1
 RESERVED_TEXT = (
@@ -708,7 +709,7 @@ def test_stream_error_reply_carries_the_id_and_the_stream_goes_on(
         == "Request for unknown model: 'no_such_model' is not found"
     )
     assert by_id["missing-input"].error_message.startswith(
-        "expected 2 inputs but got 1 inputs for model 'simple'"
+        "[request id: missing-input] expected 2 inputs but got 1 inputs for model 'simple'"
     )
     for ok in ("first", "last"):
         reply = by_id[ok]
@@ -795,7 +796,7 @@ def test_bad_inputs_are_invalid_argument(
     # missing input (qa/L0_input_validation)
     error = _client_error(lambda: client.infer("simple", _simple_inputs()[:1]))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert error.message() == (
+    assert error.message() == NO_ID + (
         "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but "
         "missing required input(s) ['INPUT1']. Please provide all required input(s)."
     )
@@ -810,7 +811,7 @@ def test_bad_inputs_are_invalid_argument(
     )
     rpc_error = _rpc_error(lambda: stub.ModelInfer(request, timeout=30))
     assert rpc_error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert rpc_error.details() == (
+    assert rpc_error.details() == NO_ID + (
         "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. "
         "Expected 32, got 40"
     )
@@ -818,7 +819,7 @@ def test_bad_inputs_are_invalid_argument(
     outputs = [grpcclient.InferRequestedOutput("OUTPUT0")] * 2
     error = _client_error(lambda: client.infer("simple", _simple_inputs(), outputs=outputs))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert error.message() == "output 'OUTPUT0' already exists in request"
+    assert error.message() == NO_ID + "output 'OUTPUT0' already exists in request"
     _assert_simple_ok(client)
 
 
@@ -827,7 +828,7 @@ def test_wrong_datatype_is_invalid_argument(client: grpcclient.InferenceServerCl
     inputs = [_input("INPUT0", a, "FP32"), _input("INPUT1", SIMPLE_B, "INT32")]
     error = _client_error(lambda: client.infer("simple", inputs))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert error.message() == (
+    assert error.message() == NO_ID + (
         "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"
     )
 

@@ -325,21 +325,22 @@ RAW_REFUSALS = [
     pytest.param(
         "simple",
         b"\x00" * 128,
-        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs "
-        "in 'simple' model configuration",
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+        "deduced but got 2 inputs in 'simple' model configuration",
         id="two-inputs",
     ),
     pytest.param(
         "two_var_fp16",
         b"\x00" * 8,
-        "The shape of the raw input 'INPUT0' can not be deduced because there are more "
-        "than one variable-sized dimension",
+        "[request id: <id_unknown>] The shape of the raw input 'INPUT0' can not be deduced "
+        "because there are more than one variable-sized dimension",
         id="two-variable-dims",
     ),
     pytest.param(
         "identity_bytes",
         b"427",
-        "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]",
+        "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model must "
+        "have input shape [1]",
         id="bytes-not-shape-one",
     ),
 ]

@@ -32,6 +32,7 @@ from tests.server.http.helpers import (
     simple_request,
 )
 from tests.server_process import EXAMPLES, ServerProcess, start_server
+from tests.triton_texts import BATCH_NOTE, NO_ID
 
 pytestmark = pytest.mark.usefixtures("assert_still_serving")
 
@@ -258,8 +259,9 @@ def test_wrong_rank(server: ServerProcess) -> None:
         ]
     }
     message = _refused(post_json(server, "simple", body))
-    assert message == (
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,1,16]"
+    assert message == NO_ID + (
+        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got "
+        f"[1,1,16]. {BATCH_NOTE}"
     )
 
 
@@ -271,16 +273,18 @@ def test_wrong_dim(server: ServerProcess) -> None:
         ]
     }
     message = _refused(post_json(server, "simple", body))
-    assert message == (
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]"
+    assert message == NO_ID + (
+        f"unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]. "
+        f"{BATCH_NOTE}"
     )
 
 
 def test_non_batching_model_with_batch_dim(server: ServerProcess) -> None:
     body = {"inputs": [json_input("INPUT0", "FP32", [1, 8], [0.0] * 8)]}
     message = _refused(post_json(server, "nobatch_fp32", body))
-    assert message == (
-        "unexpected shape for input 'INPUT0' for model 'nobatch_fp32'. Expected [8], got [1,8]"
+    # Triton's text ends at ". " here: no note for a model that does not batch.
+    assert message == NO_ID + (
+        "unexpected shape for input 'INPUT0' for model 'nobatch_fp32'. Expected [8], got [1,8]. "
     )
 
 
@@ -289,10 +293,12 @@ def test_batch_larger_than_max_batch_size(server: ServerProcess) -> None:
         "inputs": [
             json_input("INPUT0", "INT32", [9, 16], [0] * 144),
             json_input("INPUT1", "INT32", [9, 16], [0] * 144),
-        ]
+        ],
+        "id": "1",
     }
+    # As NVIDIA's image client is answered, sending 2 images to densenet_onnx (at most 1).
     message = _refused(post_json(server, "simple", body))
-    assert message == "inference request batch-size must be <= 8 for 'simple'"
+    assert message == "[request id: 1] inference request batch-size must be <= 8 for 'simple'"
 
 
 def test_inputs_with_different_batch_sizes(server: ServerProcess) -> None:
@@ -302,9 +308,8 @@ def test_inputs_with_different_batch_sizes(server: ServerProcess) -> None:
             json_input("INPUT1", "INT32", [2, 16], [0] * 32),
         ]
     }
-    assert _refused(post_json(server, "simple", body)) == (
-        "inference input 'INPUT1' batch size 2 does not match the batch size 1 of the other "
-        "inputs for model 'simple'"
+    assert _refused(post_json(server, "simple", body)) == NO_ID + (
+        "input 'INPUT1' batch size does not match other inputs for 'simple'"
     )
 
 
@@ -413,7 +418,7 @@ def test_binary_data_size_larger_than_body(server: ServerProcess) -> None:
 
 def test_binary_data_size_not_matching_shape(server: ServerProcess) -> None:
     body, headers = _binary_fp32(28, b"\x00" * 28)
-    assert _refused(post_json(server, "identity_fp32", body, headers)) == (
+    assert _refused(post_json(server, "identity_fp32", body, headers)) == NO_ID + (
         "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. Expected 32, got 28"
     )
 
@@ -534,32 +539,35 @@ def test_missing_input(server: ServerProcess) -> None:
     body = simple_request()
     del body["inputs"][1]
     message = _refused(post_json(server, "simple", body))
-    assert message.startswith("expected 2 inputs but got 1 inputs for model 'simple'")
+    assert message.startswith(NO_ID + "expected 2 inputs but got 1 inputs for model 'simple'")
     assert "INPUT1" in message
 
 
 def test_no_inputs(server: ServerProcess) -> None:
     message = _refused(post_json(server, "simple", {"inputs": []}))
-    assert message.startswith("expected 2 inputs but got 0 inputs for model 'simple'")
+    assert message.startswith(NO_ID + "expected 2 inputs but got 0 inputs for model 'simple'")
 
 
 def test_duplicate_input(server: ServerProcess) -> None:
     body = simple_request()
     body["inputs"][1]["name"] = "INPUT0"
-    assert _refused(post_json(server, "simple", body)) == "input 'INPUT0' already exists in request"
+    body["id"] = "twice"
+    assert _refused(post_json(server, "simple", body)) == (
+        "[request id: twice] input 'INPUT0' already exists in request"
+    )
 
 
 def test_wrong_datatype(server: ServerProcess) -> None:
     body = simple_request()
     body["inputs"][0]["datatype"] = "INT64"
-    assert _refused(post_json(server, "simple", body)) == (
+    assert _refused(post_json(server, "simple", body)) == NO_ID + (
         "inference input 'INPUT0' data-type is 'INT64', but model 'simple' expects 'INT32'"
     )
 
 
 def test_duplicate_outputs(server: ServerProcess) -> None:
     body = simple_request(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}])
-    assert _refused(post_json(server, "simple", body)) == (
+    assert _refused(post_json(server, "simple", body)) == NO_ID + (
         "output 'OUTPUT0' already exists in request"
     )
 

@@ -17,6 +17,7 @@ from tritonclient.utils import (  # type: ignore[import-untyped]
 
 from tests.model_repos import DATATYPES, identity_name
 from tests.server_process import ServerProcess
+from tests.triton_texts import BATCH_NOTE, NO_ID
 
 # After every test, the refusals included: a good request is still answered.
 pytestmark = pytest.mark.usefixtures("assert_still_serving")
@@ -446,7 +447,7 @@ def test_wrong_datatype(client: httpclient.InferenceServerClient) -> None:
         inp.set_data_from_numpy(a)
     error = _raises(lambda: client.infer("simple", inputs))
     assert error.status() == "400"
-    assert error.message() == (
+    assert error.message() == NO_ID + (
         "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"
     )
 
@@ -455,16 +456,19 @@ def test_wrong_shape(client: httpclient.InferenceServerClient) -> None:
     a = np.ones((2, 8), dtype=np.int32)
     error = _raises(lambda: client.infer("simple", _simple_inputs(a, a)))
     assert error.status() == "400"
-    assert error.message() == (
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]"
+    assert error.message() == NO_ID + (
+        f"unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]. "
+        f"{BATCH_NOTE}"
     )
 
 
 def test_batch_too_large(client: httpclient.InferenceServerClient) -> None:
     a = np.ones((9, 16), dtype=np.int32)
-    error = _raises(lambda: client.infer("simple", _simple_inputs(a, a)))
+    error = _raises(lambda: client.infer("simple", _simple_inputs(a, a), request_id="9 rows"))
     assert error.status() == "400"
-    assert error.message() == "inference request batch-size must be <= 8 for 'simple'"
+    assert error.message() == (
+        "[request id: 9 rows] inference request batch-size must be <= 8 for 'simple'"
+    )
 
 
 def test_duplicate_outputs(client: httpclient.InferenceServerClient) -> None:
@@ -475,7 +479,7 @@ def test_duplicate_outputs(client: httpclient.InferenceServerClient) -> None:
     ]
     error = _raises(lambda: client.infer("simple", _simple_inputs(a, a), outputs=outputs))
     assert error.status() == "400"
-    assert error.message() == "output 'OUTPUT0' already exists in request"
+    assert error.message() == NO_ID + "output 'OUTPUT0' already exists in request"
     assert client.is_server_live()
 
 

@@ -156,21 +156,21 @@ def test_tensor_from_bytes_every_numeric_type(name: str) -> None:
     dtype = DT[name].dtype
     source = (np.arange(6) % 2).astype(dtype) if name == "BOOL" else np.arange(6).astype(dtype)
     buffer = bytearray(source.tobytes())
-    result = tensor_from_bytes(memoryview(buffer), DT[name], (2, 3), "IN", "m")
+    result = tensor_from_bytes(memoryview(buffer), DT[name], (2, 3), "IN", "m", None)
     assert result.dtype == dtype
     assert result.shape == (2, 3)
     assert np.array_equal(result.reshape(-1), source)
 
 
 def test_tensor_from_bytes_is_little_endian() -> None:
-    result = tensor_from_bytes(memoryview(b"\x01\x00\x00\x00"), DT["INT32"], (1,), "IN", "m")
+    result = tensor_from_bytes(memoryview(b"\x01\x00\x00\x00"), DT["INT32"], (1,), "IN", "m", None)
     assert result.tolist() == [1]
 
 
 def test_tensor_from_bytes_is_a_zero_copy_view() -> None:
     buffer = bytearray(np.arange(8, dtype=np.float32).tobytes())
     backing = np.frombuffer(buffer, dtype=np.uint8)
-    result = tensor_from_bytes(memoryview(buffer), DT["FP32"], (2, 4), "IN", "m")
+    result = tensor_from_bytes(memoryview(buffer), DT["FP32"], (2, 4), "IN", "m", None)
     assert np.shares_memory(result, backing)
     # Writing to the buffer shows through the tensor: nothing was copied.
     buffer[0:4] = np.float32(42.0).tobytes()
@@ -180,53 +180,54 @@ def test_tensor_from_bytes_is_a_zero_copy_view() -> None:
 def test_tensor_from_bytes_view_of_a_slice_of_the_body() -> None:
     body = bytearray(b"HEADER" + np.arange(4, dtype=np.int16).tobytes() + b"TAIL")
     view = memoryview(body)[6:14]
-    result = tensor_from_bytes(view, DT["INT16"], (4,), "IN", "m")
+    result = tensor_from_bytes(view, DT["INT16"], (4,), "IN", "m", None)
     assert result.tolist() == [0, 1, 2, 3]
     assert np.shares_memory(result, np.frombuffer(body, dtype=np.uint8))
 
 
 def test_tensor_from_bytes_bf16() -> None:
     source = np.array([1.5, -2.0, 0.0078125], dtype=ml_dtypes.bfloat16)
-    result = tensor_from_bytes(memoryview(source.tobytes()), DT["BF16"], (3,), "IN", "m")
+    result = tensor_from_bytes(memoryview(source.tobytes()), DT["BF16"], (3,), "IN", "m", None)
     assert result.dtype == np.dtype(ml_dtypes.bfloat16)
     assert result.tobytes() == source.tobytes()
 
 
 def test_tensor_from_bytes_empty_tensor() -> None:
-    result = tensor_from_bytes(memoryview(b""), DT["FP32"], (0, 8), "IN", "m")
+    result = tensor_from_bytes(memoryview(b""), DT["FP32"], (0, 8), "IN", "m", None)
     assert result.shape == (0, 8)
 
 
 def test_byte_size_mismatch_triton_message() -> None:
     data = np.zeros(10, dtype=np.float32).tobytes()
     with pytest.raises(InvalidArgument) as err:
-        tensor_from_bytes(memoryview(data), DT["FP32"], (1, 8), "X", "m")
+        tensor_from_bytes(memoryview(data), DT["FP32"], (1, 8), "X", "m", "r1")
     assert (
         str(err.value)
-        == "input byte size mismatch for input 'X' for model 'm'. Expected 32, got 40"
+        == "[request id: r1] input byte size mismatch for input 'X' for model 'm'. Expected 32, "
+        "got 40"
     )
 
 
 def test_byte_size_too_small() -> None:
     with pytest.raises(InvalidArgument, match=r"Expected 8, got 4$"):
-        tensor_from_bytes(memoryview(b"\x00" * 4), DT["INT64"], (1,), "X", "m")
+        tensor_from_bytes(memoryview(b"\x00" * 4), DT["INT64"], (1,), "X", "m", None)
 
 
 def test_absurd_shape_is_a_clean_error() -> None:
     with pytest.raises(InvalidArgument, match="input byte size mismatch"):
-        tensor_from_bytes(memoryview(b"\x00" * 4), DT["FP32"], (2**4, 2**60 + 2), "X", "m")
+        tensor_from_bytes(memoryview(b"\x00" * 4), DT["FP32"], (2**4, 2**60 + 2), "X", "m", None)
 
 
 def test_tensor_from_bytes_bytes_datatype() -> None:
     items = [b"\x00\xff", b"", b"ok", b"\xc3\xa9"]
-    result = tensor_from_bytes(memoryview(_frame(items)), DT["BYTES"], (2, 2), "S", "m")
+    result = tensor_from_bytes(memoryview(_frame(items)), DT["BYTES"], (2, 2), "S", "m", None)
     assert result.shape == (2, 2)
     assert result.reshape(-1).tolist() == items
 
 
 def test_tensor_from_bytes_bytes_count_mismatch() -> None:
     with pytest.raises(InvalidArgument, match="expected 4 string elements for inference input 'S'"):
-        tensor_from_bytes(memoryview(_frame([b"a"] * 3)), DT["BYTES"], (2, 2), "S", "m")
+        tensor_from_bytes(memoryview(_frame([b"a"] * 3)), DT["BYTES"], (2, 2), "S", "m", None)
 
 
 # ---- tensor_to_bytes ---------------------------------------------------------------------
@@ -240,7 +241,7 @@ def test_tensor_to_bytes_round_trip(name: str) -> None:
     assert isinstance(wire, memoryview)
     assert wire.nbytes == 12 * dtype.itemsize
     assert bytes(wire) == source.tobytes()
-    back = tensor_from_bytes(wire, DT[name], (3, 4), "O", "m")
+    back = tensor_from_bytes(wire, DT[name], (3, 4), "O", "m", None)
     assert np.array_equal(back, source)
 
 

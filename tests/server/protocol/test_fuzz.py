@@ -108,7 +108,7 @@ def test_rest_json_parsing_never_fails_unexpectedly(text: bytes) -> None:
 def test_binary_tensor_decoding(blob: bytes, datatype: str, shape: list[int]) -> None:
     def decode() -> None:
         array = binary.tensor_from_bytes(
-            memoryview(blob), datatypes.BY_NAME[datatype], tuple(shape), "t", "m"
+            memoryview(blob), datatypes.BY_NAME[datatype], tuple(shape), "t", "m", None
         )
         assert array.size == int(np.prod(shape, dtype=np.int64))
 

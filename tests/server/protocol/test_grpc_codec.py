@@ -161,7 +161,8 @@ def test_raw_input_byte_size_mismatch_refused_with_tritons_text() -> None:
     with pytest.raises(InvalidArgument) as info:
         decode_request(_request(_input("INPUT0", "FP32", [1, 8]), raw=[raw]))
     assert info.value.message == (
-        "input byte size mismatch for input 'INPUT0' for model 'm'. Expected 32, got 40"
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model 'm'. "
+        "Expected 32, got 40"
     )
 
 

@@ -191,8 +191,11 @@ def test_decode_binary_zero_size_empty_tensor() -> None:
 def test_decode_binary_size_mismatch_with_shape() -> None:
     header = {"inputs": [_binary_input("X", "FP32", [1, 8], 40)]}
     assert _invalid(header, b"\x00" * 40) == (
-        "input byte size mismatch for input 'X' for model 'm'. Expected 32, got 40"
+        "[request id: <id_unknown>] input byte size mismatch for input 'X' for model 'm'. "
+        "Expected 32, got 40"
     )
+    header["id"] = "7"
+    assert _invalid(header, b"\x00" * 40).startswith("[request id: 7] input byte size")
 
 
 def test_decode_extra_trailing_bytes_refused() -> None:
@@ -479,7 +482,8 @@ def test_raw_request_needs_exactly_one_input() -> None:
     with pytest.raises(InvalidArgument) as err:
         decode_raw_request(memoryview(b"\x00" * 4), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
-        "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in "
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced "
+        "but got 3 inputs in "
         "'multi' model configuration"
     )
 
@@ -491,7 +495,7 @@ def test_raw_request_two_variable_dims() -> None:
     with pytest.raises(InvalidArgument) as err:
         decode_raw_request(memoryview(b"\x00" * 4), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
-        "The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
+        "[request id: <id_unknown>] The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
         "variable-sized dimension"
     )
 
@@ -502,7 +506,7 @@ def test_raw_request_bytes_needs_shape_one(dims: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         decode_raw_request(memoryview(b"abc"), ModelSpec.from_config(config), "1")
     assert str(err.value) == (
-        "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"
+        "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"
     )
 
 
@@ -548,7 +552,8 @@ def test_raw_request_fixed_shape_size_mismatch() -> None:
         decode_raw_request(memoryview(b"\x00" * 20), ModelSpec.from_config(config), "1")
     assert (
         str(err.value)
-        == "input byte size mismatch for input 'X' for model 'raw'. Expected 16, got 20"
+        == "[request id: <id_unknown>] input byte size mismatch for input 'X' for model 'raw'. "
+        "Expected 16, got 20"
     )
 
 

@@ -12,6 +12,7 @@ from server.protocol import datatypes
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest, InputTensor, RequestedOutput
 from server.protocol.validation import PreparedRequest, validate
+from tests.triton_texts import BATCH_NOTE, NO_ID
 
 DT = datatypes.BY_NAME
 
@@ -53,9 +54,12 @@ def _tensor(name: str, datatype: str, shape: tuple[int, ...]) -> InputTensor:
 
 
 def _request(
-    *inputs: InputTensor, outputs: list[RequestedOutput] | None = None, model: str = "simple"
+    *inputs: InputTensor,
+    outputs: list[RequestedOutput] | None = None,
+    model: str = "simple",
+    request_id: str | None = None,
 ) -> InferRequest:
-    return InferRequest(model, "1", list(inputs), outputs)
+    return InferRequest(model, "1", list(inputs), outputs, request_id)
 
 
 def _simple(rows: int = 1) -> list[InputTensor]:
@@ -122,7 +126,7 @@ def test_unknown_input() -> None:
 def test_duplicate_input() -> None:
     a, b = _simple()
     request = _request(a, b, _tensor("INPUT0", "INT32", (1, 16)))
-    assert _invalid(request, SIMPLE) == "input 'INPUT0' already exists in request"
+    assert _invalid(request, SIMPLE) == NO_ID + "input 'INPUT0' already exists in request"
 
 
 THREE_REQUIRED = _config(
@@ -160,7 +164,7 @@ ALL_OPTIONAL = _config(
 
 def test_missing_all_required_inputs_triton_message() -> None:
     message = _invalid(_request(model="input_all_required"), THREE_REQUIRED)
-    assert message == (
+    assert message == NO_ID + (
         "expected 3 inputs but got 0 inputs for model 'input_all_required'. Got input(s) [], but "
         "missing required input(s) ['INPUT0','INPUT1','INPUT2']. Please provide all required "
         "input(s)."
@@ -169,7 +173,7 @@ def test_missing_all_required_inputs_triton_message() -> None:
 
 def test_missing_some_required_inputs_triton_message() -> None:
     request = _request(_tensor("INPUT0", "FP32", (4,)), model="input_all_required")
-    assert _invalid(request, THREE_REQUIRED) == (
+    assert _invalid(request, THREE_REQUIRED) == NO_ID + (
         "expected 3 inputs but got 1 inputs for model 'input_all_required'. Got input(s) "
         "['INPUT0'], but missing required input(s) ['INPUT1','INPUT2']. Please provide all "
         "required input(s)."
@@ -179,7 +183,7 @@ def test_missing_some_required_inputs_triton_message() -> None:
 def test_missing_required_with_optional_inputs_message() -> None:
     message = _invalid(_request(model="input_optional"), WITH_OPTIONAL)
     assert message.startswith(
-        "expected number of inputs between 3 and 4 but got 0 inputs for model 'input_optional'."
+        NO_ID + "expected number of inputs between 3 and 4 but got 0 inputs for model 'input_optional'."
     )
     assert message.endswith("Please provide all required input(s).")
 
@@ -204,7 +208,7 @@ def test_all_optional_and_none_given_is_valid() -> None:
 @pytest.mark.parametrize("datatype", ["FP32", "INT64", "UINT32", "BYTES", "BOOL"])
 def test_wrong_datatype(datatype: str) -> None:
     request = _request(_tensor("INPUT0", datatype, (1, 16)), _simple()[1])
-    assert _invalid(request, SIMPLE) == (
+    assert _invalid(request, SIMPLE) == NO_ID + (
         f"inference input 'INPUT0' data-type is '{datatype}', but model 'simple' expects 'INT32'"
     )
 
@@ -229,25 +233,26 @@ def test_wrong_shape_with_batching(shape: tuple[int, ...], got: str) -> None:
     message = _invalid(request, SIMPLE)
     if shape == (16,):
         # rank 1: 16 rows would exceed max_batch_size 8 before the shape is compared
-        assert message == "inference request batch-size must be <= 8 for 'simple'"
+        assert message == NO_ID + "inference request batch-size must be <= 8 for 'simple'"
     else:
-        assert message == (
-            f"unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got {got}"
+        assert message == NO_ID + (
+            f"unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got "
+            f"{got}. {BATCH_NOTE}"
         )
 
 
 def test_wrong_rank_small_batch() -> None:
     request = _request(_tensor("INPUT0", "INT32", (2,)), _tensor("INPUT1", "INT32", (2, 16)))
-    assert _invalid(request, SIMPLE) == (
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2]"
+    assert _invalid(request, SIMPLE) == NO_ID + (
+        f"unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2]. "
+        f"{BATCH_NOTE}"
     )
 
 
 def test_scalar_input_for_batching_model() -> None:
     request = _request(_tensor("INPUT0", "INT32", ()), _simple()[1])
-    assert _invalid(request, SIMPLE) == (
-        "inference input 'INPUT0' for model 'simple' must have a batch dimension: the model has "
-        "max_batch_size > 0"
+    assert _invalid(request, SIMPLE) == NO_ID + (
+        "input 'INPUT0' has no shape but model requires batch dimension for 'simple'"
     )
 
 
@@ -255,23 +260,42 @@ def test_scalar_input_for_batching_model() -> None:
 def test_wrong_shape_without_batching(shape: tuple[int, ...]) -> None:
     got = "[" + ",".join(str(d) for d in shape) + "]"
     message = _invalid(_request(_tensor("X", "FP32", shape), model="nobatch"), NOBATCH)
-    assert (
-        message == f"unexpected shape for input 'X' for model 'nobatch'. Expected [2,-1], got {got}"
+    # Triton ends the text with ". " here too, where a batching model's note would follow.
+    assert message == (
+        f"{NO_ID}unexpected shape for input 'X' for model 'nobatch'. Expected [2,-1], got {got}. "
     )
 
 
 def test_batch_larger_than_max_batch_size() -> None:
-    assert _invalid(_request(*_simple(9)), SIMPLE) == (
+    assert _invalid(_request(*_simple(9)), SIMPLE) == NO_ID + (
         "inference request batch-size must be <= 8 for 'simple'"
     )
 
 
 def test_inconsistent_batch_sizes() -> None:
     request = _request(_tensor("INPUT0", "INT32", (2, 16)), _tensor("INPUT1", "INT32", (3, 16)))
-    assert _invalid(request, SIMPLE) == (
-        "inference input 'INPUT1' batch size 3 does not match the batch size 2 of the other "
-        "inputs for model 'simple'"
+    assert _invalid(request, SIMPLE) == NO_ID + (
+        "input 'INPUT1' batch size does not match other inputs for 'simple'"
     )
+
+
+def test_refusals_name_the_request_by_its_id() -> None:
+    """Triton's core begins these refusals with the request's id (the image client's batch of
+    2 to densenet_onnx, max_batch_size 1, is answered so)."""
+    too_many = _request(*_simple(9), request_id="1")
+    assert _invalid(too_many, SIMPLE) == (
+        "[request id: 1] inference request batch-size must be <= 8 for 'simple'"
+    )
+    wrong_type = _request(_tensor("INPUT0", "FP32", (1, 16)), _simple()[1], request_id="r 7")
+    assert _invalid(wrong_type, SIMPLE).startswith("[request id: r 7] inference input 'INPUT0'")
+    missing = _request(_simple()[0], request_id="")  # an empty id is no id
+    assert _invalid(missing, SIMPLE).startswith(NO_ID + "expected 2 inputs but got 1 inputs")
+
+
+def test_unknown_input_is_refused_without_the_request_id() -> None:
+    """Triton refuses an input the model does not have before it looks at the request."""
+    request = _request(_tensor("NOPE", "INT32", (1, 16)), _simple()[1], request_id="7")
+    assert _invalid(request, SIMPLE) == "unexpected inference input 'NOPE' for model 'simple'"
 
 
 # ---- outputs ---------------------------------------------------------------------------------
@@ -284,7 +308,7 @@ def test_unknown_output() -> None:
 
 def test_duplicate_output() -> None:
     request = _request(*_simple(), outputs=[RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT0")])
-    assert _invalid(request, SIMPLE) == "output 'OUTPUT0' already exists in request"
+    assert _invalid(request, SIMPLE) == NO_ID + "output 'OUTPUT0' already exists in request"
 
 
 # ---- reshape ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from tests.server.repository.lifecycle_helpers import (
     wait_until,
 )
 from tests.server_process import ServerProcess, start_server
+from tests.triton_texts import NO_ID
 
 POLL_SECS = 1
 #: Two poll periods, plus time for the load itself.
@@ -91,7 +92,7 @@ def test_changed_model_is_reloaded(repo: Path, client: httpclient.InferenceServe
     np.testing.assert_array_equal(infer_identity(client, "b", rows(2)), rows(2))
     error = client_error(infer_identity, client, "b", rows(3))
     assert (str(error.status()), error.message()) == (
-        "400", "inference request batch-size must be <= 2 for 'b'"
+        "400", NO_ID + "inference request batch-size must be <= 2 for 'b'"
     )
     # the refusal left the reloaded model serving
     np.testing.assert_array_equal(infer_identity(client, "b", rows(2, 5.0)), rows(2, 5.0))
