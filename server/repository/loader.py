@@ -161,9 +161,11 @@ def load_model(
         )
         labels = read_labels(config, model_dir)  # a missing label file fails the load, as in Triton
         initial_states = read_initial_states(config, model_dir)
-    except InferenceServerError as exc:
-        model.reason = exc.message
-        log.error("failed to load model '%s': %s", model.name, exc.message)
+    except Exception as exc:  # a fault preparing one model fails that model alone
+        error = to_server_error(exc)
+        model.reason = error.message
+        trace = None if isinstance(exc, InferenceServerError) else exc  # a bug: its traceback
+        log.error("failed to load model '%s': %s", model.name, error.message, exc_info=trace)
         return model
     model.config = config
     _check_response_cache(config, settings)

@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
 from server.generated import model_config_pb2 as mc
+from server.repository import loader
 from server.repository.loader import Model, State, load_model
 from server.scheduling.batcher import DynamicBatcher
 from server.scheduling.job import Job, Scheduler
@@ -210,6 +211,22 @@ def test_no_backend_can_be_found(tmp_path: Path, load: Callable[..., Model]) -> 
     model = load("m")
     assert not model.ready
     assert model.reason.startswith("unable to find a backend for model 'm'")
+
+
+def test_a_fault_while_preparing_a_config_fails_that_model_only(
+    tmp_path: Path, load: Callable[..., Model], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (not a refusal) while a model's config is prepared fails that model's load with
+    the fault as its reason, instead of escaping and ending the start-up."""
+    _identity(tmp_path, "m")
+
+    def broken(config: object, model_dir: object) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setattr(loader, "read_labels", broken)
+    model = load("m")
+    assert not model.ready and not model.versions
+    assert model.reason == "KeyError: 'oops'"
 
 
 def test_unparsable_config(tmp_path: Path, load: Callable[..., Model]) -> None:
