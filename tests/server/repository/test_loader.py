@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +14,13 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
 from server.generated import model_config_pb2 as mc
 from server.repository import loader
-from server.repository.loader import Model, State, load_model
+from server.repository.loader import Model, State
 from server.scheduling.batcher import DynamicBatcher
 from server.scheduling.job import Job, Scheduler
 from server.settings import Settings
-
-BACKENDS = {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
 
 IDENTITY_CONFIG = """name: "{name}"
 platform: "onnxruntime_onnx"
@@ -33,23 +30,6 @@ output {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}
 instance_group {{ kind: KIND_CPU count: 1 }}
 {extra}
 """
-
-
-@pytest.fixture
-def load(tmp_path: Path) -> Iterator[Callable[..., Model]]:
-    """``load(name, **kwargs)`` loads ``tmp_path/name``; READY schedulers are closed afterwards."""
-    loaded: list[Model] = []
-
-    def _load(name: str, settings: Settings | None = None, gpu_count: int = 0) -> Model:
-        model = load_model(tmp_path / name, BACKENDS, settings or Settings(), gpu_count=gpu_count)
-        loaded.append(model)
-        return model
-
-    yield _load
-    for model in loaded:
-        for version in model.versions.values():
-            if version.scheduler is not None:
-                version.scheduler.close()
 
 
 def _identity(

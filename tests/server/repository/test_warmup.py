@@ -3,16 +3,11 @@ READY, the statistics Triton shows for it, and the loads a failing sample fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from backends.onnxruntime.backend import OnnxRuntimeBackend
-from backends.python.backend import PythonBackend
 from scripts import make_models
-from server.repository.loader import Model, ModelVersion, State, load_model
-from server.settings import Settings
+from server.repository.loader import Model, ModelVersion, State
 from tests.server.repository.warmup_models import (
     DECOUPLED_RECORDER,
     SIMPLE_WARMUP,
@@ -22,27 +17,6 @@ from tests.server.repository.warmup_models import (
     calls,
     warmup_of,
 )
-
-BACKENDS = {
-    "onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"}),
-    "python": PythonBackend(),
-}
-
-
-@pytest.fixture
-def load(tmp_path: Path) -> Iterator[Callable[[str], Model]]:
-    loaded: list[Model] = []
-
-    def _load(name: str) -> Model:
-        model = load_model(tmp_path / name, BACKENDS, Settings())
-        loaded.append(model)
-        return model
-
-    yield _load
-    for model in loaded:
-        for version in model.versions.values():
-            if version.scheduler is not None:
-                version.scheduler.close()
 
 
 def _version(model: Model) -> ModelVersion:
