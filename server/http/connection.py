@@ -206,7 +206,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._transport.pause_reading()
 
     def pause_writing(self) -> None:
-        pass  # writers wait on write_done(): see resume_writing
+        pass  # each write's future waits until resume_writing (see write)
 
     def resume_writing(self) -> None:
         waiters, self._write_waiters = self._write_waiters, []
