@@ -35,6 +35,10 @@ _QUEUE_PAUSE = 64
 _READ_BYTES = 1 << 16
 #: A body with at least this much still to come is read straight into its delegate's buffer.
 DIRECT_BODY_BYTES = 1 << 16
+#: How long a connection answered before its body arrived goes on reading (and dropping) what
+#: the client still sends, so that the client, still sending, is not reset before it reads the
+#: answer (nginx's lingering close, with its 5 s ``lingering_timeout``).
+LINGER_SECS = 5.0
 
 
 class _InputError(Exception):
@@ -260,6 +264,26 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._dead = True
         self.close()
 
+    def _linger(self) -> None:
+        """End a connection answered while its request's body is still coming: the answer
+        is followed by a FIN, what arrives afterwards is dropped, and the socket is closed once
+        the client closes its side or after ``LINGER_SECS``. Closing at once would leave the
+        unread bytes in the kernel, which then resets the connection, and a client that sends
+        its whole body before it reads (``http.client``, tritonclient) sees a broken pipe
+        instead of the answer."""
+        transport = self._transport
+        self._dead = True
+        if transport is None or transport.is_closing() or not transport.can_write_eof():
+            self.close()
+            return
+        transport.write_eof()
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self.loop.call_later(LINGER_SECS, self.close)
+
     def refuse(self, reason: str) -> None:
         """Tornado's answer to a malformed request: logged, 400 (unless an answer has been
         started), the connection closed."""
@@ -398,7 +422,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._direct = None
         exchange.release()
         if exchange.disconnect_on_finish:
-            self.close()
+            if exchange.read_finished:
+                self.close()
+            else:
+                self._linger()
             return
         self._idle_since = self.loop.time()
         if self._waiting:

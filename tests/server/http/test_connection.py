@@ -79,10 +79,19 @@ class _Stream(tornado.web.RequestHandler):
         self.write(b"streamed " + b"".join(self.pieces))
 
 
+@tornado.web.stream_request_body
+class _Refuse(tornado.web.RequestHandler):
+    """Answers before the body has come, as the infer path does when it has no room for it."""
+
+    def prepare(self) -> None:
+        self.set_status(503)
+        self.finish("no room")
+
+
 def _app() -> tornado.web.Application:
     return tornado.web.Application([
         ("/echo", _Echo), ("/slow", _Slow), ("/chunked", _Chunked), ("/views", _Views),
-        ("/hang", _Hang), ("/stream", _Stream),
+        ("/hang", _Hang), ("/stream", _Stream), ("/refuse", _Refuse),
     ])
 
 
@@ -278,6 +287,26 @@ def test_a_body_that_stops_coming_is_cut_off(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.INFO, logger="tornado.general"):
         run(scenario, body_timeout_secs=0.2)
     assert "Timeout reading body from 127.0.0.1" in caplog.text
+
+
+def test_an_answer_before_the_body_reaches_a_client_that_sends_it_all_first() -> None:
+    """The connection closes only after the client has, having dropped the rest of the body:
+    closed with the body unread, the kernel would reset it and the answer be lost."""
+
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(
+            port, b"PUT /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % BIG
+        )
+        await asyncio.sleep(0.2)  # answered and half-closed by now
+        writer.write(b"x" * BIG)
+        await writer.drain()
+        status, _, body = await read_answer(reader)
+        assert (status, body) == ("HTTP/1.1 503 Service Unavailable", b"no room")
+        assert await reader.read() == b""
+        writer.close()
+        await serves_a_good_request(port)
+
+    run(scenario)
 
 
 def test_an_answer_written_from_a_view_arrives_as_it_was() -> None:

@@ -231,19 +231,22 @@ def test_a_full_arena_is_503_before_the_body_is_stored_and_recovers(models: Path
         assert server.port is not None, server.log
         head = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Length: 1000000\r\n\r\n")
-        slow = []
-        for _ in range(4):
-            sock = socket.create_connection(("127.0.0.1", server.port))
-            sock.sendall(head + b"{")
-            slow.append(sock)
-        time.sleep(0.5)
-        status, _, text = server.request(
-            "POST", "/v2/models/simple/infer", b"{}".ljust(1_000_000)
-        )
+        slow: list[socket.socket] = []
+        try:
+            for _ in range(4):
+                sock = socket.create_connection(("127.0.0.1", server.port))
+                sock.sendall(head + b"{")
+                slow.append(sock)
+            time.sleep(0.5)
+            # The client sends its whole body before it reads: the answer must still reach it.
+            status, _, text = server.request(
+                "POST", "/v2/models/simple/infer", b"{}".ljust(1_000_000)
+            )
+        finally:
+            for sock in slow:
+                sock.close()
         assert status == 503, text
         assert b"request-body arena" in text  # the arena refused it, not another budget
-        for sock in slow:
-            sock.close()
         deadline = time.monotonic() + 10
         while server.request("POST", "/v2/models/simple/infer", _body())[0] != 200:
             assert time.monotonic() < deadline, server.log
