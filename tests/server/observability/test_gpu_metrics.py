@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import sys
 import threading
 import types
@@ -320,7 +321,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def _provide(monkeypatch: pytest.MonkeyPatch, providers: dict[str, list[str]]) -> None:
-    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: providers)
+    """Install the distributions named in ``providers`` (module -> distributions giving it),
+    as ``importlib.metadata.distribution`` finds them: by name, however it is spelled."""
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    installed = {normal(name) for names in providers.values() for name in names}
+
+    def distribution(name: str) -> object:
+        if normal(name) not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return object()
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
 
 
 @pytest.mark.parametrize(
