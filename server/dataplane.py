@@ -178,9 +178,7 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, run and package one request, and count it in the version's statistics.
         Shared memory regions the request names are held for it until it is answered."""
-        regions = {t.shared_memory.region for t in request.inputs if t.shared_memory} | {
-            o.shared_memory.region for o in request.outputs or () if o.shared_memory
-        }
+        regions = _regions(request)
         if not regions:
             return await self._infer(request, None)
         with self.shared_memory.lease(regions) as lease:
@@ -588,6 +586,18 @@ def _required(value: T | None) -> T:
     if value is None:
         raise InternalError("model version is not fully loaded")
     return value
+
+
+def _regions(request: InferRequest) -> set[str]:
+    """The shared memory regions ``request`` names (plain loops: this runs per request)."""
+    regions = set()
+    for tensor in request.inputs:
+        if tensor.shared_memory is not None:
+            regions.add(tensor.shared_memory.region)
+    for output in request.outputs or ():
+        if output.shared_memory is not None:
+            regions.add(output.shared_memory.region)
+    return regions
 
 
 def _client_shape(

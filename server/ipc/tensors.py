@@ -102,7 +102,7 @@ def unpack(tensor: Tensor, peer: np.ndarray, model: str) -> tuple[DataType, tupl
     the data views ``peer`` (the sender's arena) or the message's inline bytes."""
     datatype = BY_NAME.get(tensor.datatype)
     shape = tuple(tensor.shape)
-    if datatype is None or any(d < 0 for d in shape):
+    if datatype is None or (shape and min(shape) < 0):
         raise InternalError(f"malformed tensor descriptor for '{tensor.name}'")
     if tensor.shm is not None:
         return datatype, shape, None

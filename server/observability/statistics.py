@@ -44,7 +44,7 @@ class LatencyHistogram:
     sum_us: float = 0.0
 
     def add(self, ns: int) -> None:
-        us = max(ns, 0) / 1_000
+        us = ns / 1_000 if ns > 0 else 0.0
         self.counts[bisect.bisect_left(LATENCY_BUCKETS_US, us)] += 1
         self.sum_us += us
 
@@ -59,7 +59,8 @@ class Duration:
     def add(self, ns: int) -> None:
         """Count one event lasting ``ns``; a negative duration (clock step) counts as 0."""
         self.count += 1
-        self.ns += max(ns, 0)
+        if ns > 0:
+            self.ns += ns
 
     def fill(self, target: pb.StatisticDuration) -> None:
         """Copy into ``target``, marking it present so JSON prints it even when zero."""
@@ -198,7 +199,9 @@ class ModelStats:
         self._touch()
 
     def _touch(self) -> None:
-        self.last_inference_ms = max(self.last_inference_ms, self._clock() // _NS_PER_MS)
+        now = self._clock() // _NS_PER_MS
+        if now > self.last_inference_ms:  # noqa: PLR1730 - no call: this runs per request
+            self.last_inference_ms = now
 
     def to_proto(self, name: str, version: str) -> pb.ModelStatistics:
         """These statistics as the ``ModelStatistics`` message, every field filled.

@@ -6,7 +6,7 @@ One table, used by every codec: V2 name (``"FP32"``), numpy dtype, config enum n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -22,15 +22,15 @@ class DataType:
     name: str  # V2 protocol name, e.g. "FP32"
     config_name: str  # model config enum name, e.g. "TYPE_FP32"
     dtype: np.dtype  # numpy dtype of a decoded tensor (object for BYTES)
+    # Derived, and stored: they are read for every tensor of every request.
+    is_bytes: bool = field(init=False, repr=False, compare=False)
+    #: Bytes per element on the wire; 0 for BYTES, whose elements vary in size.
+    itemsize: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_bytes(self) -> bool:
-        return self.name == "BYTES"
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element on the wire; 0 for BYTES, whose elements vary in size."""
-        return 0 if self.is_bytes else self.dtype.itemsize
+    def __post_init__(self) -> None:
+        is_bytes = self.name == "BYTES"
+        object.__setattr__(self, "is_bytes", is_bytes)
+        object.__setattr__(self, "itemsize", 0 if is_bytes else self.dtype.itemsize)
 
 
 def _dt(name: str, config_name: str, dtype: np.dtype | type) -> DataType:

@@ -8,7 +8,7 @@ plain records when the model loads.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from server.generated import model_config_pb2 as mc
 from server.protocol import datatypes
@@ -43,10 +43,11 @@ class ModelSpec:
     outputs: dict[str, TensorSpec]
     #: ``model_transaction_policy { decoupled: true }``: zero or many responses per request
     decoupled: bool = False
+    #: ``max_batch_size > 0`` (stored: it is read several times per request)
+    batching: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def batching(self) -> bool:
-        return self.max_batch_size > 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batching", self.max_batch_size > 0)
 
     @classmethod
     def from_config(

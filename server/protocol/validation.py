@@ -47,7 +47,12 @@ _IMPLICIT_BATCH_NOTE = (
 
 
 def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
+    if len(shape) != len(dims):
+        return False
+    for size, dim in zip(shape, dims):  # a loop: no generator per check, on every input
+        if dim != size and dim != -1:
+            return False
+    return True
 
 
 def validate(request: InferRequest, spec: ModelSpec) -> PreparedRequest:

@@ -88,6 +88,14 @@ class Model:
     def ready_versions(self) -> list[int]:
         return sorted(v for v, mv in self.versions.items() if mv.state is State.READY)
 
+    def newest_ready(self) -> ModelVersion | None:
+        """The READY version with the highest number (what a request without one gets)."""
+        newest, highest = None, -1
+        for number, served in self.versions.items():
+            if number > highest and served.state is State.READY:
+                newest, highest = served, number
+        return newest
+
     @property
     def ready(self) -> bool:
         """Every version the policy asked for is serving (and there is at least one)."""

@@ -126,12 +126,12 @@ class ModelRepository:
         number = request_version(version)
         model = self.model(name)
         if number is None:
-            ready = model.ready_versions()
-            if not ready:
+            newest = model.newest_ready()
+            if newest is None:
                 if any(v.state is State.UNLOADING for v in model.versions.values()):
                     raise Unavailable(f"model '{name}' is being unloaded")
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-            return model.versions[ready[-1]]
+            return newest
         found = model.versions.get(number)
         if found is not None and found.state is State.UNLOADING:
             raise Unavailable(f"model '{name}' version {number} is being unloaded")
