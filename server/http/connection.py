@@ -126,6 +126,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         # the request line and headers being parsed
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0  # of _fields, as they count against max_header_size
         self._header_bytes = 0
         self._reading_headers = True
         # the request being served (the first of those received), and events of the ones
@@ -318,10 +319,10 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
+        self._field_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
-        size = len(self._url) + sum(len(n) + len(v) + 4 for n, v in self._fields)
-        if size > self.service.max_header_size:
+        if len(self._url) + self._field_bytes > self.service.max_header_size:
             raise _HeadersTooLarge()
         self._reading_headers = False
         self._idle_since = None
@@ -341,6 +342,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 headers[key] = value.decode("latin1")
         self._url = b""
         self._fields = []
+        self._field_bytes = 0
         self._event(self._begin, (start_line, headers))
 
     def on_body(self, body: bytes) -> None:

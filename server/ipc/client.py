@@ -94,6 +94,13 @@ class ExecutorClient:
     # --- the channel ----------------------------------------------------------------------
 
     def _on_message(self, message: m.ToFrontEnd) -> None:
+        if type(message) is m.Done:  # most messages: a request's answer
+            done = self._pending.pop(message.id, None)
+            if done is None or done.done():  # its request was given up: free its outputs
+                self._given_up(message)
+            else:
+                done.set_result(message)
+            return
         if isinstance(message, m.Invalidate):
             self._specs.clear()
             assert self._channel is not None
@@ -136,8 +143,9 @@ class ExecutorClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         self._channel.send(message)
-        # Shielded: a caller that is cancelled leaves the future to wait for the final answer.
-        return await asyncio.shield(future)
+        # A caller cancelled here cancels the future; ``_abandon`` puts a new one in its
+        # place to wait for the final answer (no shield per request).
+        return await future
 
     async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._ids)
@@ -271,6 +279,8 @@ class ExecutorClient:
         future = self._pending.get(call_id)
         if future is None or self._channel is None:
             return
+        if future.cancelled():  # (``_ask``'s, cancelled with its caller)
+            future = self._pending[call_id] = asyncio.get_running_loop().create_future()
         self._channel.send(m.Cancel(call_id))
         while not future.done():
             try:

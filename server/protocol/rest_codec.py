@@ -63,6 +63,8 @@ def parse_json(data: bytes | memoryview, what: str = "request") -> Any:
 
 def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
     value = obj[key]
+    if type(value) is kind:  # what JSON gives for a well-formed request
+        return value
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise InvalidArgument(f"Unable to parse '{key}' of {what}: expected {names}")
@@ -79,14 +81,15 @@ def _parameters(obj: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        type(dim) is int and dim >= 0 for dim in value
-    ):
-        raise InvalidArgument(
-            f"Unable to parse 'shape' of input '{name}': expected an array of non-negative "
-            "integers"
-        )
-    return tuple(value)
+    if type(value) is list:
+        for dim in value:  # a loop: no generator per input
+            if type(dim) is not int or dim < 0:
+                break
+        else:
+            return tuple(value)
+    raise InvalidArgument(
+        f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers"
+    )
 
 
 def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class SharedMemoryRef:
 
 def shared_memory_ref(params: dict[str, Any], what: str) -> SharedMemoryRef | None:
     """The tensor's region reference, None when it has none; 400 on malformed parameters."""
-    if not any(key in params for key in KEYS):
+    if not params or (REGION not in params and OFFSET not in params and BYTE_SIZE not in params):
         return None
     region = params.get(REGION)
     if not isinstance(region, str) or not region:
