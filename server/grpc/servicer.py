@@ -207,25 +207,25 @@ class InferenceServicer:
         received = time.perf_counter_ns()
         message, raw = grpc_codec.split_request(request)
         trace = TraceContext("GRPC", received, time.perf_counter_ns(), _traceparent(context))
-        return await self._infer(message, raw, len(request), stream=False, trace=trace)
+        return await self._infer(message, raw, len(request), trace)
 
     async def _infer(
         self,
         request: pb.ModelInferRequest,
         raw: list[memoryview],
         size: int,
-        stream: bool,
-        trace: TraceContext | None = None,
+        trace: TraceContext,
     ) -> bytes:
-        """The serialized reply: a ``ModelInferResponse``, or with ``stream`` the
-        ``ModelStreamInferResponse`` carrying it."""
-        replies = self._replies(request, raw, size, stream, trace)
-        try:
-            async for reply in replies:
-                return reply
-        finally:
-            await replies.aclose()
-        raise Unsupported(MODEL_INFER_DECOUPLED)  # (never: one reply unless decoupled)
+        """The serialized ``ModelInferResponse``: ``_replies`` without an async generator,
+        which unary calls (most of them) need not pay for."""
+        with self._dataplane.gate.admit():
+            _, decoded, pinned = await self._prepare(request, raw, size, False, trace)
+            try:
+                response = await self._dataplane.infer(decoded)
+                return await self._encoded(response, False, True)
+            finally:
+                if pinned is not None:
+                    pinned.release()
 
     async def _replies(
         self,
@@ -239,18 +239,9 @@ class InferenceServicer:
         ``ModelStreamInferResponse`` (a decoupled model's many; an error among them as an
         ``error_message`` reply)."""
         with self._dataplane.gate.admit():
-            # Resolve the model first: an unknown model is reported as such whatever the body.
-            spec = await self._dataplane.model_spec(request.model_name, request.model_version)
-            decoupled = spec is not None and spec.decoupled  # (test doubles may have no spec)
-            if decoupled and not stream:
-                raise Unsupported(MODEL_INFER_DECOUPLED)
-            pinned = self._pinned_buffer(raw)
+            spec, decoded, pinned = await self._prepare(request, raw, size, stream, trace)
             try:
-                # The copy into pinned memory, typed contents and BYTES elements (converted one
-                # by one) are work of the size of the message: off the loop when large.
-                decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
-                decoded.trace = trace
-                if not decoupled:
+                if spec is None or not spec.decoupled:
                     response = await self._dataplane.infer(decoded)
                     yield await self._encoded(response, stream, True)
                     return
@@ -265,6 +256,32 @@ class InferenceServicer:
             finally:
                 if pinned is not None:
                     pinned.release()
+
+    async def _prepare(
+        self,
+        request: pb.ModelInferRequest,
+        raw: list[memoryview],
+        size: int,
+        stream: bool,
+        trace: TraceContext | None,
+    ) -> tuple[ModelSpec | None, InferRequest, HostBuffer | None]:
+        """The model's spec, the decoded request, and the pinned buffer its raw inputs were
+        copied into (the caller releases it)."""
+        # Resolve the model first: an unknown model is reported as such whatever the body.
+        spec = await self._dataplane.model_spec(request.model_name, request.model_version)
+        if spec is not None and spec.decoupled and not stream:  # (test doubles may have none)
+            raise Unsupported(MODEL_INFER_DECOUPLED)
+        pinned = self._pinned_buffer(raw)
+        try:
+            # The copy into pinned memory, typed contents and BYTES elements (converted one
+            # by one) are work of the size of the message: off the loop when large.
+            decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
+        except BaseException:
+            if pinned is not None:
+                pinned.release()
+            raise
+        decoded.trace = trace
+        return spec, decoded, pinned
 
     async def _encoded(self, response: InferResponse, stream: bool, final: bool) -> bytes:
         # The reply is new bytes: outputs that are views of the inputs are copied now,
