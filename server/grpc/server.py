@@ -59,7 +59,7 @@ def keepalive_options(keepalive: GrpcKeepalive) -> list[tuple[str, int]]:
     return options
 
 
-def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+def _method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     """Handlers for every RPC of the service, read from its descriptor. ``RAW_METHODS`` get
     serialized bytes in and out; the others protobuf messages."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -79,7 +79,7 @@ def _service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
         handlers[method.name] = make(
             behaviour, request_deserializer=deserialize, response_serializer=serialize
         )
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+    return handlers
 
 
 def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -120,7 +120,11 @@ class GrpcServer:
         ]
         interceptors = [RestrictionInterceptor(restrictions)] if restrictions else []
         self._server = grpc.aio.server(options=options, interceptors=interceptors)
-        self._server.add_generic_rpc_handlers((_service_handler(InferenceServicer(dataplane, pool)),))
+        # Registered methods: the core matches their calls itself (a registered call), without
+        # a generic handler's lookup in Python per call.
+        self._server.add_registered_method_handlers(
+            SERVICE_NAME, _method_handlers(InferenceServicer(dataplane, pool))
+        )
         self._health = health.aio.HealthServicer()
         self.port = 0
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
