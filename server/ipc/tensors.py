@@ -107,16 +107,20 @@ def unpack(tensor: Tensor, peer: np.ndarray, model: str) -> tuple[DataType, tupl
     if tensor.shm is not None:
         return datatype, shape, None
     count = element_count(shape)
-    if tensor.inline is not None:
+    inline = tensor.inline
+    if inline is not None:
         if datatype.is_bytes:
-            data = deserialize_bytes(memoryview(tensor.inline), count, tensor.name, model)
+            data = deserialize_bytes(memoryview(inline), count, tensor.name, model)
             return datatype, shape, data.reshape(shape)
-        raw: np.ndarray = np.frombuffer(tensor.inline, dtype=np.uint8)
+        nbytes = len(inline)
     else:
-        end = tensor.offset + tensor.nbytes
-        if tensor.offset < 0 or end > peer.nbytes:
+        nbytes = tensor.nbytes
+        if tensor.offset < 0 or tensor.offset + nbytes > peer.nbytes:
             raise InternalError(f"tensor descriptor for '{tensor.name}' lies outside the arena")
-        raw = peer[tensor.offset : end]
-    if datatype.is_bytes or raw.nbytes != count * datatype.itemsize:
+    if datatype.is_bytes or nbytes != count * datatype.itemsize:
         raise InternalError(f"tensor descriptor for '{tensor.name}' does not match its shape")
-    return datatype, shape, raw.view(datatype.dtype).reshape(shape)
+    if inline is not None:  # typed at once: one array, not a byte view and a typed one
+        typed: np.ndarray = np.frombuffer(inline, dtype=datatype.dtype)
+    else:
+        typed = peer[tensor.offset : tensor.offset + nbytes].view(datatype.dtype)
+    return datatype, shape, typed.reshape(shape)

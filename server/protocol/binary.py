@@ -99,8 +99,9 @@ def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> memoryview:
     if datatype.is_bytes:
         return memoryview(serialize_bytes(array))
     # The wire is little-endian whatever the array's byte order.
-    contiguous = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    return contiguous.reshape(-1).view(np.uint8).data
+    if array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def parse_header_length(value: str | None, content_length: int) -> int | None:
