@@ -178,26 +178,23 @@ def _decode_input(
     datatype = datatypes.from_name(raw["datatype"])
     if spec is not None:
         check_input(spec, name, datatype, shape, request_id)
-    params = _parameters(raw, f"input '{name}'")
-    region = shared_memory_ref(params, f"input '{name}'")
-    sources = [
-        source
-        for source, present in (
-            ("'data'", "data" in raw),
-            ("'binary_data_size'", "binary_data_size" in params),
-            (f"'{REGION}'", region is not None),
+    what = f"input '{name}'"
+    params = _parameters(raw, what)
+    region = shared_memory_ref(params, what)
+    has_data = "data" in raw
+    has_size = "binary_data_size" in params
+    if has_data + has_size + (region is not None) > 1:  # Triton's text, and the input
+        given = (
+            ("'data'", has_data), ("'binary_data_size'", has_size), (f"'{REGION}'", region)
         )
-        if present
-    ]
-    if len(sources) > 1:  # Triton's text (which names no input), and the input
+        sources = " ".join(source for source, present in given if present)
         raise InvalidArgument(
             "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-            f"'parameters', '{REGION}' in 'parameters'. But set {' '.join(sources)} (input "
-            f"'{name}')"
+            f"'parameters', '{REGION}' in 'parameters'. But set {sources} (input '{name}')"
         )
     if region is not None:
         return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region), offset
-    if "binary_data_size" in params:
+    if has_size:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
             raise InvalidArgument(
