@@ -87,8 +87,8 @@ class Load(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
             try:
-                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
                 connection.request("POST", "/v2/models/simple/infer", _body())
                 response = connection.getresponse()
                 text = response.read()
@@ -97,11 +97,12 @@ class Load(threading.Thread):
                     out = json.loads(text)["outputs"][0]["data"]
                     if out != [2 * i for i in range(16)]:
                         self.wrong.append(text.decode()[:200])
-                connection.close()
             except TimeoutError:
                 key = "hung"
             except OSError as exc:
                 key = type(exc).__name__
+            finally:
+                connection.close()  # also after a reset: no socket is left to the collector
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
 
 
