@@ -137,15 +137,17 @@ class ExecutorClient:
         for call_id, replies in self._streams.items():
             replies.put_nowait(m.Failed(call_id, "Unavailable", EXECUTOR_GONE))
 
-    async def _ask(self, message: Any, call_id: int) -> Any:
+    def _send(self, message: Any, call_id: int) -> asyncio.Future[Any]:
+        """Send ``message``; the future of its answer."""
         if not self._connected or self._channel is None:
             raise Unavailable(EXECUTOR_GONE)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         self._channel.send(message)
-        # A caller cancelled here cancels the future; ``_abandon`` puts a new one in its
-        # place to wait for the final answer (no shield per request).
-        return await future
+        return future
+
+    async def _ask(self, message: Any, call_id: int) -> Any:
+        return await self._send(message, call_id)
 
     async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._ids)
@@ -258,10 +260,13 @@ class ExecutorClient:
             # Copying a large tensor into the arena (a gRPC message's bytes) is off the loop.
             copies = self._outbox.copy_bytes([t.data for t in request.inputs])
             message = await off_loop_if_large(copies, self._describe, request, owned)
+            answer = self._send(message, message.id)
             try:
-                reply = await self._ask(message, message.id)
+                # A caller cancelled here cancels the future (no shield per request):
+                # ``_abandon`` waits for the final answer in its place.
+                reply = await answer
             except asyncio.CancelledError:
-                await self._abandon(message.id)
+                await self._abandon(message.id, answer)
                 raise
         finally:
             for offset in owned:
@@ -270,17 +275,20 @@ class ExecutorClient:
             raise error_from(reply.error, reply.message)
         return self._response(reply)
 
-    async def _abandon(self, call_id: int) -> None:
+    async def _abandon(self, call_id: int, answer: asyncio.Future[Any]) -> None:
         """Tell the executor to drop request ``call_id`` and wait for its final answer, also
         through further cancellations: until it comes the executor may be reading the
         request's blocks (and the HTTP body the caller holds), which must not be reused
         before. It comes soon (a dropped request is answered at once), or the executor is
         gone and ``_on_lost`` fails the future."""
-        future = self._pending.get(call_id)
-        if future is None or self._channel is None:
+        if answer.done() and not answer.cancelled():
+            # Answered, but the caller was cancelled before it resumed: nobody reads it.
+            if answer.exception() is None and isinstance(answer.result(), m.Done):
+                self._given_up(answer.result())
             return
-        if future.cancelled():  # (``_ask``'s, cancelled with its caller)
-            future = self._pending[call_id] = asyncio.get_running_loop().create_future()
+        if call_id not in self._pending or self._channel is None:
+            return
+        future = self._pending[call_id] = asyncio.get_running_loop().create_future()
         self._channel.send(m.Cancel(call_id))
         while not future.done():
             try:

@@ -244,6 +244,33 @@ def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answe
     run(models, body)
 
 
+def test_a_request_cancelled_just_as_its_answer_arrives_frees_the_answers_blocks(
+    models: Path,
+) -> None:
+    """The executor's answer is in (its outputs in the executor's arena) but the caller is
+    cancelled before it resumes: nobody will read the answer, so its blocks are released."""
+    async def body(seam: Seam) -> None:
+        client = seam.client
+        data = np.ones((4, 65536), dtype=np.float32)  # 1 MiB out: in the executor's arena
+        task = asyncio.create_task(client.infer(ident_request(4, 65536, data)))
+        deliver = client._on_message
+
+        def then_cancel(message: Any) -> None:
+            deliver(message)
+            if isinstance(message, m.Done):
+                task.cancel()  # in the same step: the caller has not resumed yet
+
+        assert client._channel is not None
+        client._channel._on_message = then_cancel  # what the channel hands each message to
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.1)
+        (connection,) = seam.service._connections
+        assert connection.allocator.bytes_in_use == 0
+        assert seam.pool.bytes_in_use == 0
+    run(models, body)
+
+
 def test_executor_gone_fails_pending_requests_at_once(models: Path) -> None:
     async def body(seam: Seam) -> None:
         served = seam.dataplane._repository.version("simple", "")
