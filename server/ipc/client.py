@@ -118,12 +118,9 @@ class ExecutorClient:
             if message.done is not None:
                 self._given_up(message.done)
             return
-        future = self._pending.pop(message.id, None)
-        if future is None or future.done():
-            if isinstance(message, m.Done):  # its request was given up: free its outputs
-                self._given_up(message)
-            return
-        future.set_result(message)
+        future = self._pending.pop(message.id, None)  # a control call's reply, or a Failed
+        if future is not None and not future.done():
+            future.set_result(message)
 
     def _on_lost(self) -> None:
         if self._connected:
@@ -146,12 +143,9 @@ class ExecutorClient:
         self._channel.send(message)
         return future
 
-    async def _ask(self, message: Any, call_id: int) -> Any:
-        return await self._send(message, call_id)
-
     async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._ids)
-        reply = await self._ask(m.Call(call_id, method, list(args)), call_id)
+        reply = await self._send(m.Call(call_id, method, list(args)), call_id)
         if isinstance(reply, m.Failed):
             raise error_from(reply.error, reply.message)
         return reply.value

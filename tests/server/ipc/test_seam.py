@@ -268,6 +268,8 @@ def test_a_request_cancelled_just_as_its_answer_arrives_frees_the_answers_blocks
         (connection,) = seam.service._connections
         assert connection.allocator.bytes_in_use == 0
         assert seam.pool.bytes_in_use == 0
+        client._channel._on_message = deliver
+        assert (await client.infer(add_sub_request())).outputs  # still serving
     run(models, body)
 
 
@@ -302,7 +304,7 @@ def test_a_malformed_descriptor_fails_that_request_alone(models: Path) -> None:
         ]
         for tensor in bad:
             message = m.Infer(10_000, "simple", "", None, {}, [tensor], None)
-            reply = await client._ask(message, message.id)
+            reply = await client._send(message, message.id)
             assert isinstance(reply, m.Failed) and reply.error == InternalError.__name__
         assert (await client.infer(add_sub_request())).outputs  # still serving
     run(models, body)
