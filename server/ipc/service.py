@@ -18,7 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from server import logs
+from server import eager, logs
 from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InternalError
 from server.ipc import messages as m
@@ -171,9 +171,11 @@ class ExecutorService:
 
     def _on_message(self, connection: _Connection, message: m.ToExecutor) -> None:
         if isinstance(message, m.Infer):
-            task = asyncio.create_task(self._infer(connection, message))
-            connection.tasks[message.id] = task
-            task.add_done_callback(lambda done: self._finished(connection, message.id, done))
+            # Most small requests are answered within this step: no task for them.
+            task = eager.start(self._infer(connection, message))
+            if task is not None:
+                connection.tasks[message.id] = task
+                task.add_done_callback(lambda done: self._finished(connection, message.id, done))
         elif isinstance(message, m.Cancel):
             running = connection.tasks.get(message.id)
             if running is not None:
@@ -263,15 +265,18 @@ class ExecutorService:
 
     def _request(self, connection: _Connection, message: m.Infer) -> InferRequest:
         inputs = []
+        peer = connection.peer.array
         for tensor in message.inputs:
-            datatype, shape, data = unpack(tensor, connection.peer.array, message.model)
-            inputs.append(
-                InputTensor(
-                    tensor.name, datatype, shape,
-                    SHARED_MEMORY_PENDING if data is None else data,
-                    tensor.parameters, shm_ref(tensor.shm),
+            datatype, shape, data = unpack(tensor, peer, message.model)
+            if data is None:
+                inputs.append(
+                    InputTensor(
+                        tensor.name, datatype, shape, SHARED_MEMORY_PENDING, tensor.parameters,
+                        shm_ref(tensor.shm),
+                    )
                 )
-            )
+            else:
+                inputs.append(InputTensor(tensor.name, datatype, shape, data, tensor.parameters))
         outputs = None
         if message.outputs is not None:
             outputs = [

@@ -1,0 +1,117 @@
+"""eager.start: a coroutine that never waits runs to its end at once, without a task; one that
+waits goes on in a task, with results, cancellation and context as a task's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from server import eager
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
+
+
+def test_a_coroutine_that_never_waits_finishes_in_the_call_without_a_task() -> None:
+    seen: list[str] = []
+
+    async def work() -> None:
+        VAR.set("inside")
+        seen.append(VAR.get())
+
+    async def main() -> None:
+        before = len(asyncio.all_tasks())
+        assert eager.start(work()) is None
+        assert seen == ["inside"]
+        assert VAR.get() == "unset"  # its context was a copy
+        assert len(asyncio.all_tasks()) == before
+
+    asyncio.run(main())
+
+
+def test_a_coroutine_that_waits_goes_on_in_a_task_with_its_results_and_context() -> None:
+    steps: list[object] = []
+
+    async def work(future: asyncio.Future[int]) -> None:
+        VAR.set("mine")
+        steps.append("started")
+        steps.append(await future)
+        await asyncio.sleep(0)
+        steps.append(VAR.get())
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        task = eager.start(work(future))
+        assert task is not None
+        assert steps == ["started"]  # the first step ran in the call
+        future.set_result(7)
+        await task
+        assert steps == ["started", 7, "mine"]
+        assert VAR.get() == "unset"
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_task_cancels_what_the_coroutine_waits_on() -> None:
+    cleaned: list[str] = []
+
+    async def work(future: asyncio.Future[None]) -> None:
+        try:
+            await future
+        finally:
+            cleaned.append("finally")
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        task = eager.start(work(future))
+        assert task is not None
+        await asyncio.sleep(0)  # the task has taken over
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert future.cancelled()
+        assert cleaned == ["finally"]
+
+    asyncio.run(main())
+
+
+def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_task() -> None:
+    async def fails_at_once() -> None:
+        raise ValueError("first")
+
+    async def fails_later() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("later")
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="first"):
+            eager.start(fails_at_once())
+        task = eager.start(fails_later())
+        assert task is not None
+        with pytest.raises(ValueError, match="later"):
+            await task
+
+    asyncio.run(main())
+
+
+def test_a_task_cancelled_before_its_first_step_cancels_the_awaited_future_too() -> None:
+    outcome: list[str] = []
+
+    async def work(future: asyncio.Future[None]) -> None:
+        try:
+            await future
+        except asyncio.CancelledError:
+            outcome.append("cancelled" if future.cancelled() else "future still pending")
+            raise
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        task = eager.start(work(future))
+        assert task is not None
+        task.cancel()  # before the loop ran the task at all
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert outcome == ["cancelled"]
+
+    asyncio.run(main())
