@@ -298,14 +298,15 @@ class DataPlane:
             outputs = []
             for name in prepared.output_names:
                 declared = spec.outputs[name]
-                data = _client_shape(results[name], declared, spec.batching, prepared.batch_size)
+                data = results[name]
+                if declared.reshape is not None:
+                    data = _client_shape(data, declared, spec.batching, prepared.batch_size)
                 datatype = datatypes.of_output(data, declared.datatype)
-                output = OutputTensor(name, datatype, tuple(data.shape), data)
-                outputs.append(
-                    classification.classify(
-                        output, counts.get(name, 0), spec.batching, declared.labels
-                    )
-                )
+                output = OutputTensor(name, datatype, data.shape, data)
+                count = counts.get(name, 0) if counts else 0
+                if count:
+                    output = classification.classify(output, count, spec.batching, declared.labels)
+                outputs.append(output)
             if lease is not None:
                 await off_loop_if_large(
                     sum(o.data.nbytes for o in outputs),

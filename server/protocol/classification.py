@@ -54,8 +54,13 @@ def class_count(output: RequestedOutput) -> int:
 
 def class_counts(request: InferRequest) -> dict[str, int]:
     """Output name -> class count, for the outputs of ``request`` to classify."""
-    counts = {o.name: class_count(o) for o in request.outputs or ()}
-    return {name: k for name, k in counts.items() if k}
+    counts: dict[str, int] = {}
+    for output in request.outputs or ():
+        if output.parameters:  # (most ask for none: no call for them)
+            count = class_count(output)
+            if count:
+                counts[output.name] = count
+    return counts
 
 
 def check_datatype(output: RequestedOutput, declared: TensorSpec) -> None:

@@ -117,4 +117,8 @@ class InferResponse:
     @property
     def payload_bytes(self) -> int:
         """Tensor bytes the encoders will write (outputs in shared memory excluded)."""
-        return sum(o.data.nbytes for o in self.outputs if o.shared_memory is None)
+        total = 0
+        for output in self.outputs:  # a loop: no generator per response
+            if output.shared_memory is None:
+                total += output.data.nbytes
+        return total

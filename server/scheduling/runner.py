@@ -51,10 +51,10 @@ INLINE_WINDOW = 16  # recent inline runs judged: the model leaves when most were
 
 def request_bytes(inputs: Mapping[str, np.ndarray]) -> int:
     """The size a request is judged by: tensor bytes, BYTES elements at a fixed cost each."""
-    return sum(
-        array.size * _BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
-        for array in inputs.values()
-    )
+    total = 0
+    for array in inputs.values():  # a loop: no generator per request
+        total += array.size * _BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+    return total
 
 
 class InstanceRunner:
