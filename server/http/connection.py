@@ -25,6 +25,7 @@ from tornado import httputil, iostream
 from tornado.log import app_log, gen_log
 
 from server.http.exchange import Exchange
+from server.http.headers import RequestHeaders
 
 log = logging.getLogger(__name__)
 
@@ -333,12 +334,15 @@ class HttpConnection(asyncio.BufferedProtocol):
         start_line = httputil.RequestStartLine(
             parser.get_method().decode("latin1"), self._url.decode("latin1"), "HTTP/" + version
         )
-        headers = httputil.HTTPHeaders()
+        headers = RequestHeaders()
+        seen: set[str] = set()  # (``in headers`` costs two calls a field)
         for name, value in self._fields:
             key = name.decode("latin1")
-            if key in headers:
+            lower = key.lower()
+            if lower in seen:
                 headers.add(key, value.decode("latin1"))
             else:
+                seen.add(lower)
                 headers[key] = value.decode("latin1")
         self._url = b""
         self._fields = []

@@ -47,6 +47,7 @@ INFER_PATH = re.compile(MODEL_PATH + "/infer$")
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
 _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is read and dropped
 _OK = httputil.ResponseStartLine("HTTP/1.1", 200, "OK")
+_NO_HEADERS = httputil.HTTPHeaders()  # (never changed)
 
 
 #: Triton's answer to an HTTP inference request for a decoupled model (UNSUPPORTED).
@@ -93,7 +94,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         self._start = time.time()
         self._received = (time.perf_counter_ns(), 0)  # for a trace: headers in, body in
         self._request_line: httputil.RequestStartLine | None = None
-        self._headers = httputil.HTTPHeaders()
+        self._headers = _NO_HEADERS  # until headers_received
         self._encoding: str | None = None
         self._receiver: http_body.BodyReceiver | None = None
         self._task: asyncio.Task[None] | None = None
@@ -199,7 +200,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         if self._drained_refusal:  # answered in headers_received; the body has been dropped
             self._end()
         elif self._receiver is not None:
-            self._task = asyncio.ensure_future(self._serve())
+            self._task = asyncio.get_running_loop().create_task(self._serve())
             # When the task is done, whether it ran or was cancelled before it started: only
             # then does nothing use the body (threads it waited for are done too).
             self._task.add_done_callback(lambda _: self._release())

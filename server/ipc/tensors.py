@@ -46,10 +46,11 @@ class Outbox:
     def copy_bytes(self, arrays: list[np.ndarray | None]) -> int:
         """How many bytes ``pack`` will copy for these tensors (small ones, inlined, and those
         not in the arena): the size that decides whether packing runs off the event loop."""
-        return sum(
-            a.nbytes for a in arrays
-            if a is not None and (a.nbytes <= INLINE_BYTES or self.offset_of(a) is None)
-        )
+        total = 0
+        for a in arrays:  # a loop: no generator per request
+            if a is not None and (a.nbytes <= INLINE_BYTES or self.offset_of(a) is None):
+                total += a.nbytes
+        return total
 
     def store(self, data: np.ndarray) -> int | None:
         """Copy ``data`` into a new block: its offset (the caller frees it), None when full."""
