@@ -63,11 +63,11 @@ def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
 def _decode(
     request: pb.ModelInferRequest,
     spec: ModelSpec,
-    raw: list[memoryview],
+    raw: list[memoryview] | None,
     pinned: HostBuffer | None,
 ) -> InferRequest:
     """``grpc_codec.decode_request``, after copying the raw inputs into ``pinned`` (once)."""
-    if pinned is not None:
+    if pinned is not None and raw is not None:
         views = []
         offset = 0
         for part in raw:
@@ -205,14 +205,15 @@ class InferenceServicer:
     async def ModelInfer(self, request: bytes, context: Context) -> bytes:
         """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice."""
         received = time.perf_counter_ns()
-        message, raw = grpc_codec.split_request(request)
+        # (With a GPU the raw inputs are copied into pinned memory, small ones too.)
+        message, raw = grpc_codec.split_request(request, not self._pins())
         trace = TraceContext("GRPC", received, time.perf_counter_ns(), _traceparent(context))
         return await self._infer(message, raw, len(request), trace)
 
     async def _infer(
         self,
         request: pb.ModelInferRequest,
-        raw: list[memoryview],
+        raw: list[memoryview] | None,
         size: int,
         trace: TraceContext,
     ) -> bytes:
@@ -230,7 +231,7 @@ class InferenceServicer:
     async def _replies(
         self,
         request: pb.ModelInferRequest,
-        raw: list[memoryview],
+        raw: list[memoryview] | None,
         size: int,
         stream: bool,
         trace: TraceContext | None = None,
@@ -260,7 +261,7 @@ class InferenceServicer:
     async def _prepare(
         self,
         request: pb.ModelInferRequest,
-        raw: list[memoryview],
+        raw: list[memoryview] | None,
         size: int,
         stream: bool,
         trace: TraceContext | None,
@@ -294,7 +295,10 @@ class InferenceServicer:
         finally:
             response.release()
 
-    def _pinned_buffer(self, raw: list[memoryview]) -> HostBuffer | None:
+    def _pins(self) -> bool:
+        return self._pool is not None and self._pool.pins
+
+    def _pinned_buffer(self, raw: list[memoryview] | None) -> HostBuffer | None:
         """With a GPU, a pinned buffer for the raw inputs, from which the executor's
         host-to-device copies are DMA; None (protobuf's own bytes are used) otherwise, or once
         the pinned budget is spent (a copy would gain nothing)."""
@@ -327,7 +331,7 @@ class InferenceServicer:
             request = pb.ModelInferRequest()
             try:
                 received = time.perf_counter_ns()
-                request, raw = grpc_codec.split_request(data)
+                request, raw = grpc_codec.split_request(data, not self._pins())
                 trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
                 async with order.turn(request).wait():
                     async for reply in self._replies(request, raw, len(data), True, trace):

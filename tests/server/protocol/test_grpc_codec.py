@@ -16,6 +16,7 @@ from server.generated import grpc_service_pb2 as pb
 from server.protocol import datatypes
 from server.protocol.binary import tensor_to_bytes
 from server.protocol.grpc_codec import (
+    SPLIT_ABOVE_BYTES,
     decode_request,
     encode_response_bytes,
     parameter_value,
@@ -744,7 +745,7 @@ def _without_raw(msg: pb.ModelInferRequest) -> pb.ModelInferRequest:
 
 def test_split_request_separates_raw_contents_in_order() -> None:
     msg = _rich_request()
-    header, raw = split_request(msg.SerializeToString())
+    header, raw = split_request(msg.SerializeToString(), False)
     assert header == _without_raw(msg)
     assert [bytes(r) for r in raw] == list(msg.raw_input_contents)
 
@@ -752,9 +753,9 @@ def test_split_request_separates_raw_contents_in_order() -> None:
 def test_split_request_of_a_message_without_raw_contents() -> None:
     msg = pb.ModelInferRequest(model_name="m")
     msg.inputs.add(name="A", datatype="INT32", shape=[2]).contents.int_contents.extend([1, 2])
-    header, raw = split_request(msg.SerializeToString())
+    header, raw = split_request(msg.SerializeToString(), False)
     assert header == msg and raw == []
-    assert split_request(b"") == (pb.ModelInferRequest(), [])
+    assert split_request(b"", False) == (pb.ModelInferRequest(), [])
 
 
 def test_split_request_accepts_fields_in_any_order_and_interleaved() -> None:
@@ -773,7 +774,7 @@ def test_split_request_accepts_fields_in_any_order_and_interleaved() -> None:
             _length_delimited(1, b"m"),
         ]
     )
-    header, raw = split_request(data)
+    header, raw = split_request(data, False)
     assert header.model_name == "m"
     assert [t.name for t in header.inputs] == ["A", "B"]
     assert [bytes(r) for r in raw] == [a, b]
@@ -791,7 +792,7 @@ def test_split_request_skips_unknown_fields_of_every_wire_type() -> None:
             _length_delimited(103, b"ignored payload"),
         ]
     )
-    header, raw = split_request(unknown + msg.SerializeToString() + unknown)
+    header, raw = split_request(unknown + msg.SerializeToString() + unknown, False)
     header.DiscardUnknownFields()
     assert header == _without_raw(msg)
     assert [bytes(r) for r in raw] == list(msg.raw_input_contents)
@@ -812,9 +813,10 @@ def test_split_request_skips_unknown_fields_of_every_wire_type() -> None:
         _length_delimited(5, b"\xff\xff\xff"),  # a malformed nested message
     ],
 )
-def test_split_request_malformed_is_invalid_argument(data: bytes) -> None:
+@pytest.mark.parametrize("whole_if_small", [False, True])
+def test_split_request_malformed_is_invalid_argument(data: bytes, whole_if_small: bool) -> None:
     with pytest.raises(InvalidArgument, match="malformed ModelInferRequest"):
-        split_request(data)
+        split_request(data, whole_if_small)
 
 
 def test_split_then_decode_equals_decode_of_the_parsed_message() -> None:
@@ -824,7 +826,7 @@ def test_split_then_decode_equals_decode_of_the_parsed_message() -> None:
         msg.raw_input_contents.append(values.tobytes())
     msg.inputs.add(name="BYTES", datatype="BYTES", shape=[2, 3])
     msg.raw_input_contents.append(_length_prefixed(BYTES_SAMPLE))
-    header, raw = split_request(msg.SerializeToString())
+    header, raw = split_request(msg.SerializeToString(), False)
     split = decode_request(header, None, raw)
     whole = decode_request(msg)
     assert [t.name for t in split.inputs] == [t.name for t in whole.inputs]
@@ -882,3 +884,23 @@ def test_stream_reply_wraps_the_final_response() -> None:
     parsed = pb.ModelStreamInferResponse.FromString(wire)
     assert parsed.error_message == ""
     assert parsed.infer_response == _expected_message(response, True)
+
+
+def test_a_small_request_is_parsed_whole_and_a_large_one_split() -> None:
+    """Below SPLIT_ABOVE_BYTES protobuf parses the message with its contents (None for the
+    views); above it the contents are views of the received bytes. Both decode the same."""
+    small = _rich_request()
+    data = small.SerializeToString()
+    assert len(data) <= SPLIT_ABOVE_BYTES
+    header, raw = split_request(data)
+    assert header == small and raw is None
+    assert [t.data.tolist() for t in decode_request(header, None, raw).inputs] == [
+        t.data.tolist() for t in decode_request(small).inputs
+    ]
+    large = pb.ModelInferRequest(model_name="m")
+    large.inputs.add(name="A", datatype="UINT8", shape=[SPLIT_ABOVE_BYTES + 1])
+    large.raw_input_contents.append(bytes(SPLIT_ABOVE_BYTES + 1))
+    data = large.SerializeToString()
+    header, raw = split_request(data)
+    assert raw is not None and [r.obj for r in raw] == [data]
+    assert decode_request(header, None, raw).inputs[0].data.nbytes == SPLIT_ABOVE_BYTES + 1
