@@ -173,7 +173,9 @@ class DynamicBatcher(Runners):
         """
         pending = self._enqueue(job)
         try:
-            return await asyncio.shield(pending.result)
+            # Not shielded: a cancellation cancels the result future too, and every answer
+            # is set only on a result that is not done yet.
+            return await pending.result
         except asyncio.CancelledError:
             if not pending.dispatched:
                 self._remove(pending)

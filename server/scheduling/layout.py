@@ -286,8 +286,12 @@ def _split_rows(model: str, name: str, value: np.ndarray, rows: Sequence[int]) -
         )
     if len(rows) == 1:
         return [value]
-    bounds = np.cumsum(rows)
-    return [value[start:end] for start, end in zip([0, *bounds[:-1]], bounds)]
+    parts = []
+    start = 0
+    for count in rows:  # plain ints: np.cumsum and numpy-scalar slices cost more per batch
+        parts.append(value[start : start + count])
+        start += count
+    return parts
 
 
 def _scattered_shape(scatter: ScatterOutput, source: np.ndarray) -> tuple[int, ...]:
