@@ -302,7 +302,7 @@ class InferenceServicer:
         """With a GPU, a pinned buffer for the raw inputs, from which the executor's
         host-to-device copies are DMA; None (protobuf's own bytes are used) otherwise, or once
         the pinned budget is spent (a copy would gain nothing)."""
-        if self._pool is None or not self._pool.pins or not raw:
+        if self._pool is None or not self._pins() or not raw:
             return None
         buffer = self._pool.acquire(sum(len(part) for part in raw))
         if not buffer.pinned:

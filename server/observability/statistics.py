@@ -43,11 +43,6 @@ class LatencyHistogram:
     counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_US) + 1))
     sum_us: float = 0.0
 
-    def add(self, ns: int) -> None:
-        us = ns / 1_000 if ns > 0 else 0.0
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS_US, us)] += 1
-        self.sum_us += us
-
 
 @dataclass(slots=True)
 class Duration:
@@ -58,15 +53,30 @@ class Duration:
 
     def add(self, ns: int) -> None:
         """Count one event lasting ``ns``; a negative duration (clock step) counts as 0."""
-        self.count += 1
-        if ns > 0:
-            self.ns += ns
+        _count(((self, ns),))
 
     def fill(self, target: pb.StatisticDuration) -> None:
         """Copy into ``target``, marking it present so JSON prints it even when zero."""
         target.SetInParent()
         target.count = self.count
         target.ns = self.ns
+
+
+def _count(events: tuple[tuple[Duration, int], ...]) -> None:
+    """Count one event of each ``(duration, ns)``: ``Duration.add`` for several at once, one
+    call where a request would make one per duration."""
+    for duration, ns in events:
+        duration.count += 1
+        if ns > 0:
+            duration.ns += ns
+
+
+def _observe(events: tuple[tuple[LatencyHistogram, int], ...]) -> None:
+    """Put each ``(histogram, ns)`` in its bucket (a negative duration counts as 0)."""
+    for histogram, ns in events:
+        us = ns / 1_000 if ns > 0 else 0.0
+        histogram.counts[bisect.bisect_left(LATENCY_BUCKETS_US, us)] += 1
+        histogram.sum_us += us
 
 
 @dataclass(slots=True)
@@ -144,40 +154,32 @@ class ModelStats:
         Triton). ``batch_size`` is the request's own sample count (1 for a model without
         batching); it is what ``inference_count`` adds.
         """
-        # Duration.add, LatencyHistogram.add and _touch written out: this runs once per
-        # request, and their nine calls cost more than the counting itself.
-        for duration, ns in (
-            (self.success, request_ns),
-            (self.queue, queue_ns),
-            (self.compute_input, compute_input_ns),
-            (self.compute_infer, compute_infer_ns),
-            (self.compute_output, compute_output_ns),
-        ):
-            duration.count += 1
-            if ns > 0:
-                duration.ns += ns
+        # Two calls for the eight counts: this runs once per request.
+        _count(
+            (
+                (self.success, request_ns),
+                (self.queue, queue_ns),
+                (self.compute_input, compute_input_ns),
+                (self.compute_infer, compute_infer_ns),
+                (self.compute_output, compute_output_ns),
+            )
+        )
         self.inference_count += batch_size
-        for histogram, ns in (
-            (self.request_histogram, request_ns),
-            (self.queue_histogram, queue_ns),
-            (self.compute_infer_histogram, compute_infer_ns),
-        ):
-            us = ns / 1_000 if ns > 0 else 0.0
-            histogram.counts[bisect.bisect_left(LATENCY_BUCKETS_US, us)] += 1
-            histogram.sum_us += us
-        now = self._clock() // _NS_PER_MS
-        if now > self.last_inference_ms:  # noqa: PLR1730 - no call: this runs per request
-            self.last_inference_ms = now
+        _observe(
+            (
+                (self.request_histogram, request_ns),
+                (self.queue_histogram, queue_ns),
+                (self.compute_infer_histogram, compute_infer_ns),
+            )
+        )
+        self._touch()
 
     def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
         """Count one request answered from the response cache. As in Triton it is a success
         and is queued (up to the lookup), but runs no execution, so ``inference_count`` and
         the compute durations leave it out; ``lookup_ns`` covers the lookup and copy-out."""
-        self.success.add(request_ns)
-        self.queue.add(queue_ns)
-        self.cache_hit.add(lookup_ns)
-        self.request_histogram.add(request_ns)
-        self.queue_histogram.add(queue_ns)
+        _count(((self.success, request_ns), (self.queue, queue_ns), (self.cache_hit, lookup_ns)))
+        _observe(((self.request_histogram, request_ns), (self.queue_histogram, queue_ns)))
         self._touch()
 
     def record_cache_miss(self, lookup_ns: int) -> None:
@@ -207,14 +209,13 @@ class ModelStats:
         stats = self.batch_stats.get(batch_size)
         if stats is None:
             stats = self.batch_stats[batch_size] = BatchStats()
-        for duration, ns in (
-            (stats.compute_input, compute_input_ns),
-            (stats.compute_infer, compute_infer_ns),
-            (stats.compute_output, compute_output_ns),
-        ):  # Duration.add written out, as in record_success
-            duration.count += 1
-            if ns > 0:
-                duration.ns += ns
+        _count(
+            (
+                (stats.compute_input, compute_input_ns),
+                (stats.compute_infer, compute_infer_ns),
+                (stats.compute_output, compute_output_ns),
+            )
+        )
         self._touch()
 
     def _touch(self) -> None:

@@ -53,29 +53,6 @@ def test_a_coroutine_that_waits_goes_on_in_a_task_with_its_results_and_context()
     asyncio.run(main())
 
 
-def test_cancelling_the_task_cancels_what_the_coroutine_waits_on() -> None:
-    cleaned: list[str] = []
-
-    async def work(future: asyncio.Future[None]) -> None:
-        try:
-            await future
-        finally:
-            cleaned.append("finally")
-
-    async def main() -> None:
-        future = asyncio.get_running_loop().create_future()
-        task = eager.start(work(future))
-        assert task is not None
-        await asyncio.sleep(0)  # the task has taken over
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert future.cancelled()
-        assert cleaned == ["finally"]
-
-    asyncio.run(main())
-
-
 def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_task() -> None:
     async def fails_at_once() -> None:
         raise ValueError("first")
@@ -95,7 +72,10 @@ def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_ta
     asyncio.run(main())
 
 
-def test_a_task_cancelled_before_its_first_step_cancels_the_awaited_future_too() -> None:
+@pytest.mark.parametrize("taken_over", [True, False])
+def test_cancelling_the_task_cancels_what_the_coroutine_waits_on(taken_over: bool) -> None:
+    """Whether the task had taken over or not yet (cancelled before its first step), the
+    coroutine sees its future cancelled, and its cleanup runs."""
     outcome: list[str] = []
 
     async def work(future: asyncio.Future[None]) -> None:
@@ -104,14 +84,19 @@ def test_a_task_cancelled_before_its_first_step_cancels_the_awaited_future_too()
         except asyncio.CancelledError:
             outcome.append("cancelled" if future.cancelled() else "future still pending")
             raise
+        finally:
+            outcome.append("finally")
 
     async def main() -> None:
         future = asyncio.get_running_loop().create_future()
         task = eager.start(work(future))
         assert task is not None
-        task.cancel()  # before the loop ran the task at all
+        if taken_over:
+            await asyncio.sleep(0)
+        task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert outcome == ["cancelled"]
+        assert future.cancelled()
+        assert outcome == ["cancelled", "finally"]
 
     asyncio.run(main())

@@ -30,6 +30,7 @@ from server.grpc.server import GrpcServer
 from server.grpc.servicer import status_code
 from server.grpc.stream_window import MAX_HELD_BYTES, MAX_RUNNING
 from server.memory.host_pool import HostBufferPool
+from server.protocol.grpc_codec import SPLIT_ABOVE_BYTES
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
 from tests.server.grpc.helpers import SLOW_READER, settled
@@ -434,3 +435,23 @@ def test_without_a_gpu_raw_inputs_stay_where_protobuf_put_them() -> None:
         assert pool.stats().allocations == 0
 
     _run(scenario, pool=pool)
+
+
+@pytest.mark.parametrize("size", [16, SPLIT_ABOVE_BYTES + 16])
+def test_a_malformed_request_is_invalid_argument_and_the_server_goes_on(size: int) -> None:
+    """Small requests are parsed by protobuf whole, large ones split field by field: either
+    way undecodable bytes are INVALID_ARGUMENT (``_run`` then checks a good request is
+    answered)."""
+    # A raw-contents field claiming more bytes than the message holds, padded to ``size``.
+    data = bytes([7 << 3 | 2]) + b"\xff\xff\xff\x0f" + bytes(size)
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, channel: grpc.aio.Channel
+    ) -> None:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        code, details = await _code_and_details(infer(data))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert details.startswith("malformed ModelInferRequest"), details
+        assert plane.arrived == []
+
+    _run(scenario)
