@@ -56,7 +56,7 @@ def class_counts(request: InferRequest) -> dict[str, int]:
     """Output name -> class count, for the outputs of ``request`` to classify."""
     counts: dict[str, int] = {}
     for output in request.outputs or ():
-        if output.parameters:  # (most ask for none: no call for them)
+        if PARAMETER in output.parameters:  # (most ask for none: no call for them)
             count = class_count(output)
             if count:
                 counts[output.name] = count

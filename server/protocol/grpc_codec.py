@@ -73,8 +73,7 @@ def _set_parameter(param: pb.InferParameter, value: Any) -> None:
 
 
 def _parameters(params: Any, what: str) -> dict[str, Any]:
-    if not params:  # most tensors have none: no comprehension over protobuf's map
-        return {}
+    """``params`` (a protobuf map, not empty) as values; ``what`` names their owner."""
     values = {key: parameter_value(value) for key, value in params.items()}
     for key, value in values.items():
         if value is None:
@@ -87,7 +86,10 @@ _TYPED = ("timeout", "sequence_id", *SEQUENCE_FLAGS)
 
 
 def _request_parameters(msg: pb.ModelInferRequest) -> dict[str, Any]:
-    params = _parameters(msg.parameters, "the request")
+    protobuf_params = msg.parameters
+    if not protobuf_params:  # most requests have none
+        return {}
+    params = _parameters(protobuf_params, "the request")
     kinds = {
         key: msg.parameters[key].WhichOneof("parameter_choice") for key in _TYPED if key in params
     }
@@ -119,29 +121,34 @@ def decode_request(
     """
     model = msg.model_name
     raw = raw_contents if raw_contents is not None else msg.raw_input_contents
+    # Each protobuf field is read once: every read builds a Python object.
+    tensors = list(msg.inputs)
     # Inputs in shared memory have no raw_input_contents entry: the others have one each.
     in_band = [
         index
-        for index, tensor in enumerate(msg.inputs)
+        for index, tensor in enumerate(tensors)
         if not (tensor.parameters and any(key in tensor.parameters for key in SHM_KEYS))
     ]
+    raw_of: list[bytes | memoryview | None] = [None] * len(tensors)
     if raw:
-        typed = next((tensor for tensor in msg.inputs if tensor.HasField("contents")), None)
-        if typed is not None:
-            raise InvalidArgument(
-                "contents field must not be specified when using raw_input_contents for "
-                f"'{typed.name}' for model '{model}'"
-            )
+        for tensor in tensors:
+            if tensor.HasField("contents"):
+                raise InvalidArgument(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'"
+                )
         if len(raw) != len(in_band):
             raise InvalidArgument(
                 f"expected {len(in_band)} raw input contents for model '{model}', got "
                 f"{len(raw)}: raw_input_contents must hold one entry per input not in shared "
                 "memory, in order"
             )
-    raw_of = dict(zip(in_band, raw, strict=True)) if raw else {}
+        for index, contents in zip(in_band, raw, strict=True):
+            raw_of[index] = contents
+    request_id = msg.id
     inputs = [
-        _decode_input(tensor, raw_of.get(index), model, spec, msg.id)
-        for index, tensor in enumerate(msg.inputs)
+        _decode_input(tensor, contents, model, spec, request_id)
+        for tensor, contents in zip(tensors, raw_of, strict=True)
     ]
     outputs = [_decode_output(output) for output in msg.outputs] or None
     return InferRequest(
@@ -149,7 +156,7 @@ def decode_request(
         model_version=msg.model_version,
         inputs=inputs,
         outputs=outputs,
-        id=msg.id or None,
+        id=request_id or None,
         parameters=_request_parameters(msg),
     )
 
@@ -164,20 +171,24 @@ def _decode_input(
     name = tensor.name
     datatype = datatypes.from_name(tensor.datatype)
     shape = tuple(tensor.shape)
-    if any(dim < 0 for dim in shape):
+    if shape and min(shape) < 0:
         raise InvalidArgument(
             f"Unable to parse 'shape' of input '{name}': dims must be non-negative"
         )
     if spec is not None:
         check_input(spec, name, datatype, shape, request_id)
-    params = _parameters(tensor.parameters, f"input '{name}'")
-    region = shared_memory_ref(params, f"input '{name}'") if params else None
-    if region is not None:
-        if tensor.HasField("contents"):
-            raise InvalidArgument(
-                f"input '{name}' sets 'shared_memory_region' and also carries contents"
-            )
-        return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region)
+    protobuf_params = tensor.parameters
+    if protobuf_params:
+        params = _parameters(protobuf_params, f"input '{name}'")
+        region = shared_memory_ref(params, f"input '{name}'")
+        if region is not None:
+            if tensor.HasField("contents"):
+                raise InvalidArgument(
+                    f"input '{name}' sets 'shared_memory_region' and also carries contents"
+                )
+            return InputTensor(name, datatype, shape, SHARED_MEMORY_PENDING, params, region)
+    else:
+        params = {}
     if raw is not None:
         data = tensor_from_bytes(memoryview(raw), datatype, shape, name, model, request_id)
     else:
@@ -234,11 +245,15 @@ def _narrowed(values: Iterable[int], datatype: DataType, name: str) -> np.ndarra
 
 
 def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
-    params = _parameters(output.parameters, f"output '{output.name}'")
-    region = shared_memory_ref(params, f"output '{output.name}'") if params else None
+    name = output.name
+    protobuf_params = output.parameters
+    if not protobuf_params:  # most ask for nothing but the tensor
+        return RequestedOutput(name)
+    params = _parameters(protobuf_params, f"output '{name}'")
+    region = shared_memory_ref(params, f"output '{name}'")
     if classification.PARAMETER in params:
         _check_class_count(output, params[classification.PARAMETER], region is not None)
-    return RequestedOutput(output.name, params, region)
+    return RequestedOutput(name, params, region)
 
 
 def _check_class_count(
@@ -340,6 +355,43 @@ def split_request(
         raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
 
 
+#: Response headers without an id or parameters, by what they hold: a model's answers repeat
+#: one header (names, datatypes, shapes), and building it with protobuf is half the encoding.
+_HEADERS: dict[tuple[Any, ...], bytes] = {}
+_HEADERS_KEPT = 1024  # distinct headers kept before the cache starts afresh
+
+
+def _header(response: InferResponse, stream: bool, final: bool) -> bytes:
+    """The serialized ``ModelInferResponse`` without its ``raw_output_contents``."""
+    header = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or "",
+    )
+    for output in response.outputs:
+        header.outputs.add(name=output.name, datatype=output.datatype.name, shape=output.shape)
+    for key, value in response.parameters.items():  # a model's own, as Triton sends them
+        _set_parameter(header.parameters[key], value)
+    if stream:
+        header.parameters[FINAL_RESPONSE].bool_param = final
+    return header.SerializeToString()
+
+
+def _plain_header(response: InferResponse) -> bytes:
+    """``_header`` of a unary response without an id or parameters, from ``_HEADERS``."""
+    key = (
+        response.model_name,
+        response.model_version,
+        *[(o.name, o.datatype.name, *o.shape) for o in response.outputs],
+    )
+    head = _HEADERS.get(key)
+    if head is None:
+        if len(_HEADERS) >= _HEADERS_KEPT:
+            _HEADERS.clear()
+        head = _HEADERS[key] = _header(response, False, True)
+    return head
+
+
 def encode_response_bytes(
     response: InferResponse, stream: bool = False, final: bool = True
 ) -> bytes:
@@ -348,24 +400,17 @@ def encode_response_bytes(
     ``ModelStreamInferResponse`` carrying it (its ``triton_final_response`` parameter says
     ``final``: False on a decoupled model's responses before its last), in the same single
     copy."""
-    header = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id or "",
-    )
     parts: list[bytes | memoryview] = []
     for output in response.outputs:
-        header.outputs.add(name=output.name, datatype=output.datatype.name, shape=output.shape)
         if output.shared_memory is not None:  # in the client's region: an empty entry, as Triton
             parts += [_RAW_OUTPUT_TAG, _varint(0)]
             continue
         blob = tensor_to_bytes(output.data, output.datatype)
         parts += [_RAW_OUTPUT_TAG, _varint(blob.nbytes), blob]
-    for key, value in response.parameters.items():  # a model's own, as Triton sends them
-        _set_parameter(header.parameters[key], value)
-    if stream:
-        header.parameters[FINAL_RESPONSE].bool_param = final
-    head = header.SerializeToString()
+    if stream or response.id or response.parameters:
+        head = _header(response, stream, final)
+    else:
+        head = _plain_header(response)
     if not stream:
         return b"".join([head, *parts])
     size = len(head) + sum(len(part) for part in parts)

@@ -173,7 +173,7 @@ def _output_names(request: InferRequest, spec: ModelSpec) -> list[str]:
             )
         if output.name in names:
             raise request_refused(request.id, f"output '{output.name}' already exists in request")
-        if output.parameters:
+        if classification.PARAMETER in output.parameters:  # (not for binary_data alone)
             classification.check_datatype(output, spec.outputs[output.name])
         names.append(output.name)
     return names

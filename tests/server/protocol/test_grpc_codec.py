@@ -878,6 +878,32 @@ def test_encode_response_bytes_without_outputs_or_id() -> None:
     assert parsed == pb.ModelInferResponse(model_name="m", model_version="2")
 
 
+def test_responses_without_id_share_headers_only_when_they_hold_the_same() -> None:
+    """Headers of responses without an id or parameters are kept and reused: each is still
+    the serialized response, and one with other names, shapes or version is its own."""
+    first = _response(*_all_outputs())
+    assert pb.ModelInferResponse.FromString(encode_response_bytes(first)) == _expected_message(
+        first, False
+    )
+    again = _response(*_all_outputs())
+    assert encode_response_bytes(again) == encode_response_bytes(first)
+    reshaped = _response(_output("OUT", "FP32", np.zeros((2, 3), np.float32)))
+    other = _response(_output("OUT", "FP32", np.zeros((3, 2), np.float32)))
+    for response in (reshaped, other):
+        parsed = pb.ModelInferResponse.FromString(encode_response_bytes(response))
+        assert parsed == _expected_message(response, False)
+    renamed = _response(_output("OUT2", "FP32", np.zeros((2, 3), np.float32)))
+    assert pb.ModelInferResponse.FromString(encode_response_bytes(renamed)).outputs[0].name == (
+        "OUT2"
+    )
+    version_3 = InferResponse("m", "3", [_output("OUT", "FP32", np.zeros((2, 3), np.float32))])
+    assert pb.ModelInferResponse.FromString(encode_response_bytes(version_3)).model_version == "3"
+    with_parameter = _response(_output("OUT", "FP32", np.zeros((2, 3), np.float32)))
+    with_parameter.parameters["sequence_id"] = 7
+    parsed = pb.ModelInferResponse.FromString(encode_response_bytes(with_parameter))
+    assert parsed.parameters["sequence_id"].int64_param == 7
+
+
 def test_stream_reply_wraps_the_final_response() -> None:
     response = _response(*_all_outputs(), id="s1")
     wire = encode_response_bytes(response, stream=True)
