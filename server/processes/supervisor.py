@@ -5,11 +5,17 @@ It serves nothing and imports neither grpc, CuPy, ONNX Runtime nor Tornado: chil
 fresh interpreters (``python -m <module> <the same command line>``), never forked from a
 process holding a CUDA context or grpc's threads. What it owns:
 
-- the sockets every child shares: the HTTP listening socket (bound and listening here, each
-  front end accepts on it), the gRPC port (reserved by a bound, not listening ``SO_REUSEPORT``
+- the sockets the children serve on: one HTTP listening socket per front end, all on one port
+  with ``SO_REUSEPORT`` (bound and listening here; front end ``i`` accepts on the ``i``-th,
+  also after a restart), the gRPC port (reserved by a bound, not listening ``SO_REUSEPORT``
   socket, so port 0 becomes a real port; each front end binds it with ``SO_REUSEPORT``) and
   the executor's control socket (``AF_UNIX``, listening, in a private temporary folder; the
-  executor inherits it, front ends connect to its path);
+  executor inherits it, front ends connect to its path). With one listening socket shared by
+  every front end, the first front end to wake took every connection of a burst: perf_analyzer's
+  8 connections all went to one front end in most runs, and on a host with more cores the
+  others idled. The kernel spreads connections among ``SO_REUSEPORT`` sockets by their
+  addresses and ports; connections to a front end being restarted wait in its socket's
+  backlog meanwhile;
 - the start order: the executor first, and once it is ready (its models loaded) the front ends;
   when all have said so it logs ``Started HTTPService at ADDR:PORT`` and ``Started
   GRPCInferenceService at ADDR:PORT``. A child that exits before it is ready fails the start:
@@ -78,7 +84,7 @@ def run(
     if frontends < 1:
         raise ValueError("the supervisor needs at least one front end")
     try:
-        sockets = _Sockets(settings)
+        sockets = _Sockets(settings, frontends)
     except OSError as exc:  # a port in use, an address not ours
         log.error("error: %s", exc)
         return 1
@@ -95,8 +101,8 @@ def run(
 class _Sockets:
     """The sockets the children share, and the private folder of the control socket."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.http: socket.socket | None = None
+    def __init__(self, settings: Settings, frontends: int) -> None:
+        self.http: list[socket.socket] = []  # one per front end
         self.grpc: socket.socket | None = None
         self.control: socket.socket | None = None
         self.folder = tempfile.mkdtemp(prefix="tensorgate-")  # mode 0700: ours alone
@@ -106,7 +112,7 @@ class _Sockets:
         self.control_path = os.path.join(self.folder, "control")
         try:
             if settings.allow_http:
-                self.http = _listen_tcp(settings.http_address, settings.http_port)
+                self.http = _listen_tcp(settings.http_address, settings.http_port, frontends)
             if settings.allow_grpc:
                 self.grpc = _reserve_port(settings.grpc_address, settings.grpc_port)
             self.control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -118,34 +124,35 @@ class _Sockets:
 
     @property
     def http_port(self) -> int | None:
-        return None if self.http is None else int(self.http.getsockname()[1])
+        return int(self.http[0].getsockname()[1]) if self.http else None
 
     @property
     def grpc_port(self) -> int | None:
         return None if self.grpc is None else int(self.grpc.getsockname()[1])
 
     def close_listeners(self) -> None:
-        """Our copies of the HTTP socket and the gRPC port's reservation."""
-        for sock in (self.http, self.grpc):
+        """Our copies of the HTTP sockets and the gRPC port's reservation."""
+        for sock in (*self.http, self.grpc):
             if sock is not None:
                 sock.close()
 
     def close(self) -> None:
-        for sock in (self.http, self.grpc, self.control):
+        for sock in (*self.http, self.grpc, self.control):
             if sock is not None:
                 sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _tcp_socket(host: str, port: int, option: int) -> socket.socket:
+def _tcp_socket(host: str, port: int, *options: int) -> socket.socket:
     """A TCP socket bound to the first address ``host`` names for listening (as Tornado's
-    ``bind_sockets`` finds them; "" is every interface), ``option`` set."""
+    ``bind_sockets`` finds them; "" is every interface), ``options`` set."""
     family, _, _, _, sockaddr = socket.getaddrinfo(
         host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
     )[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, option, 1)
+        for option in options:
+            sock.setsockopt(socket.SOL_SOCKET, option, 1)
         if family == socket.AF_INET6:  # as Tornado does: IPv4 is its own address
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(sockaddr)
@@ -155,26 +162,42 @@ def _tcp_socket(host: str, port: int, option: int) -> socket.socket:
     return sock
 
 
-def _listen_tcp(host: str, port: int) -> socket.socket:
-    """The HTTP socket, listening, non-blocking: every front end accepts on it."""
-    sock = _tcp_socket(host, port, socket.SO_REUSEADDR)
-    sock.setblocking(False)
-    sock.listen(socket.SOMAXCONN)
-    return sock
+def _listen_tcp(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` HTTP sockets on one port (a free one for port 0), listening, non-blocking,
+    with ``SO_REUSEPORT``: one per front end. The port is probed first with a plain bind, as
+    in ``_reserve_port``."""
+    chosen = _probe_port(host, port)
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = _tcp_socket(host, chosen, socket.SO_REUSEADDR, socket.SO_REUSEPORT)
+            sockets.append(sock)
+            sock.setblocking(False)
+            sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _probe_port(host: str, port: int) -> int:
+    """``port`` if nothing listens on it (a free port for 0): a plain bind, closed at once.
+    ``SO_REUSEPORT`` alone would join a port another process of this user already holds the
+    same way (and for port 0 the kernel may pick such a port), and the two servers would
+    silently split the traffic. The plain bind fails on any port in use and picks a port
+    nothing holds."""
+    probe = _tcp_socket(host, port, socket.SO_REUSEADDR)
+    chosen = int(probe.getsockname()[1])
+    probe.close()
+    return chosen
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
     """Hold the gRPC port (a free one for port 0) without accepting on it: bound with
-    ``SO_REUSEPORT``, not listening, so connections go to the front ends' listening sockets.
-
-    First a plain bind: ``SO_REUSEPORT`` alone would join a port another process of this user
-    already holds the same way (and for port 0 the kernel may pick such a port), and the two
-    servers would silently split the traffic. The plain bind fails on any port in use and
-    picks a port nothing holds."""
-    probe = _tcp_socket(host, port, socket.SO_REUSEADDR)
-    chosen = probe.getsockname()[1]
-    probe.close()
-    return _tcp_socket(host, chosen, socket.SO_REUSEPORT)
+    ``SO_REUSEPORT``, not listening, so connections go to the front ends' listening sockets
+    (the port probed first, see ``_probe_port``)."""
+    return _tcp_socket(host, _probe_port(host, port), socket.SO_REUSEPORT)
 
 
 def _status_text(returncode: int) -> str:
@@ -374,7 +397,7 @@ class _Supervisor:
         sockets = self._sockets
         is_executor = child.role == EXECUTOR
         control_fd = sockets.control.fileno() if is_executor and sockets.control else None
-        http_fd = sockets.http.fileno() if not is_executor and sockets.http else None
+        http_fd = sockets.http[child.index].fileno() if not is_executor and sockets.http else None
         info = ChildInfo(
             role=child.role,
             index=child.index,

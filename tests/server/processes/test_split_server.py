@@ -121,6 +121,35 @@ def test_statistics_count_every_request_once_whichever_front_end_took_it(
     assert re.search(r'nv_inference_request_success\{model="simple",version="1"\} 40\b', metrics)
 
 
+def test_http_connections_are_spread_over_the_front_ends(server: ServerProcess) -> None:
+    """Each front end accepts on its own SO_REUSEPORT socket: a burst of connections is not
+    all taken by the first front end to wake (with 16 connections and 2 front ends, one
+    getting none has a chance of 2 in 65,536)."""
+    assert server.port is not None
+    connections = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                   for _ in range(16)]
+    try:
+        for connection in connections:
+            connection.connect()
+        for connection in connections:  # each is accepted and served, and stays open
+            connection.request("POST", "/v2/models/simple/infer", _body())
+            response = connection.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+        taken = {
+            front_end.pid: sum(
+                1 for c in front_end.net_connections("tcp")
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.port
+            )
+            for front_end in _children(server, "frontend")
+        }
+    finally:
+        for connection in connections:
+            connection.close()
+    assert len(taken) == FRONTENDS and sum(taken.values()) == 16, taken
+    assert all(count > 0 for count in taken.values()), taken
+
+
 def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> None:
     for front_end in _children(server, "frontend"):
         maps = Path(f"/proc/{front_end.pid}/maps").read_text()

@@ -380,3 +380,19 @@ def test_the_grpc_port_is_never_shared_with_another_holder() -> None:
             listening.close()
     finally:
         first.close()
+
+
+def test_the_http_port_is_never_shared_with_another_holder() -> None:
+    """One SO_REUSEPORT listening socket per front end, all on one port; a port another
+    holder has (with SO_REUSEPORT, or these very sockets) is refused, not joined."""
+    from server.processes.supervisor import _listen_tcp
+
+    group = _listen_tcp("127.0.0.1", 0, 3)
+    try:
+        ports = {sock.getsockname()[1] for sock in group}
+        assert len(group) == 3 and len(ports) == 1
+        with pytest.raises(OSError):
+            _listen_tcp("127.0.0.1", ports.pop(), 2)
+    finally:
+        for sock in group:
+            sock.close()
