@@ -91,7 +91,7 @@ def _request_parameters(msg: pb.ModelInferRequest) -> dict[str, Any]:
         return {}
     params = _parameters(protobuf_params, "the request")
     kinds = {
-        key: msg.parameters[key].WhichOneof("parameter_choice") for key in _TYPED if key in params
+        key: protobuf_params[key].WhichOneof("parameter_choice") for key in _TYPED if key in params
     }
     if "sequence_id" in kinds and kinds["sequence_id"] not in (
         "int64_param", "uint64_param", "string_param"
@@ -121,7 +121,7 @@ def decode_request(
     """
     model = msg.model_name
     raw = raw_contents if raw_contents is not None else msg.raw_input_contents
-    # Each protobuf field is read once: every read builds a Python object.
+    # The inputs are read from the message once: every read builds Python objects.
     tensors = list(msg.inputs)
     # Inputs in shared memory have no raw_input_contents entry: the others have one each.
     in_band = [

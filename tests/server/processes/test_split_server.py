@@ -121,11 +121,23 @@ def test_statistics_count_every_request_once_whichever_front_end_took_it(
     assert re.search(r'nv_inference_request_success\{model="simple",version="1"\} 40\b', metrics)
 
 
+def _listening_inodes(front_end: psutil.Process, port: int) -> set[str]:
+    """The socket inodes ``front_end`` listens on ``port`` with."""
+    return {
+        os.readlink(f"/proc/{front_end.pid}/fd/{c.fd}")
+        for c in front_end.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
 def test_http_connections_are_spread_over_the_front_ends(server: ServerProcess) -> None:
-    """Each front end accepts on its own SO_REUSEPORT socket: a burst of connections is not
-    all taken by the first front end to wake (with 16 connections and 2 front ends, one
+    """Each front end accepts on its own SO_REUSEPORT socket (not one shared by all, where the
+    first to wake took a burst of connections): 16 connections reach both front ends (one
     getting none has a chance of 2 in 65,536)."""
     assert server.port is not None
+    listening = [_listening_inodes(f, server.port) for f in _children(server, "frontend")]
+    assert all(len(inodes) == 1 for inodes in listening), listening
+    assert len(set.union(*listening)) == FRONTENDS, listening
     connections = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
                    for _ in range(16)]
     try:
