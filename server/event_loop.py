@@ -2,7 +2,7 @@
 
 uvloop's loop is libuv's, written in Cython: each callback, socket read and write costs less
 CPU than in asyncio's pure-Python loop, which matters at thousands of small requests a second.
-Tornado, grpc.aio, the threads handing results back (``call_soon_threadsafe``) and the plain
+Tornado's delegates, the gRPC connections, the threads handing results back (``call_soon_threadsafe``) and the plain
 signal handlers of ``server.shutdown`` all work on it unchanged.
 """
 

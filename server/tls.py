@@ -20,10 +20,22 @@ class TlsError(ValueError):
 class TlsFiles:
     """What the gRPC port's TLS credentials are made of."""
 
-    server_cert: bytes  # PEM certificate chain
-    server_key: bytes  # PEM private key
+    server_cert: str  # path of the PEM certificate chain
+    server_key: str  # path of the PEM private key
     root_cert: bytes | None  # PEM CA certificates client certificates are checked against
     mutual: bool  # clients must present a certificate the root certificates verify
+
+    def server_context(self, alpn: list[str]) -> ssl.SSLContext:
+        """A server's TLS context with these files, offering ``alpn``'s protocols; with
+        ``mutual``, clients must present a certificate the root certificates verify."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.server_cert, self.server_key, password=_no_password)
+        context.set_alpn_protocols(alpn)
+        if self.mutual and self.root_cert is not None:
+            context.load_verify_locations(cadata=self.root_cert.decode("ascii"))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
 
 def read_files(
@@ -35,9 +47,11 @@ def read_files(
     with mutual TLS, the one use a server has for it (as in Triton, it is ignored otherwise)."""
     if not use_ssl:
         return None
+    _read("--grpc-server-cert", server_cert, "--grpc-use-ssl")
+    _read("--grpc-server-key", server_key, "--grpc-use-ssl")
     files = TlsFiles(
-        server_cert=_read("--grpc-server-cert", server_cert, "--grpc-use-ssl"),
-        server_key=_read("--grpc-server-key", server_key, "--grpc-use-ssl"),
+        server_cert=server_cert or "",
+        server_key=server_key or "",
         root_cert=_read("--grpc-root-cert", root_cert, "--grpc-use-ssl-mutual") if mutual else None,
         mutual=mutual,
     )

@@ -22,7 +22,9 @@ _FORBIDDEN = {
         "tornado", "backends", "onnxruntime", "server.http", "server.grpc", "server.repository",
         "server.dataplane", "server.scheduling",
     ),
-    "server/http": ("backends", "onnxruntime", "grpc"),
+    "server/http": ("backends", "onnxruntime", "grpc", "server.grpc"),
+    # gRPC is served on the loop by server.grpc.connection: grpcio's server is not used
+    "server/grpc": ("backends", "onnxruntime", "grpc", "h2", "server.http"),
     "server/errors.py": ("tornado", "grpc"),
     # read by the command line, which the supervisor runs
     "server/restricted.py": ("tornado", "grpc", "server.http", "server.grpc"),

@@ -1,18 +1,16 @@
-"""``--grpc-restricted-protocol`` on the gRPC port: an interceptor that refuses an RPC of a
-restricted category whose metadata lacks the expected ``triton-grpc-protocol-<key>`` value,
-with UNAVAILABLE before its request is read (a stream ends before its first request), as
-Triton's handlers do. Installed only when some category is restricted."""
+"""``--grpc-restricted-protocol`` on the gRPC port: a call of a restricted category whose
+metadata lacks the expected ``triton-grpc-protocol-<key>`` value is refused with UNAVAILABLE
+before its request is read (a stream ends before its first request), as Triton's handlers do.
+Checked only when some category is restricted."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-
-import grpc
+from collections.abc import Callable
 
 from server import restricted
 from server.errors import InferenceServerError
-from server.grpc.servicer import Context, status_code
+from server.grpc.call import Method
+from server.grpc.headers import RequestHead
 
 _SERVICE = "/inference.GRPCInferenceService/"
 
@@ -49,57 +47,24 @@ METHOD_CATEGORIES = {
     "/grpc.health.v1.Health/Watch": restricted.HEALTH,
 }
 
-Metadata = Sequence[tuple[str, str | bytes]]
+Refusal = Callable[[Method, RequestHead], InferenceServerError | None]
 
 
-def _lookup(metadata: Metadata) -> Callable[[str], str | None]:
-    """A header lookup over one call's metadata (whose keys gRPC sends in lower case)."""
-
-    def value(name: str) -> str | None:
-        key = name.lower()
-        for item, text in metadata:
-            if item == key and isinstance(text, str):
-                return text
+def refusal(restrictions: restricted.Restrictions) -> Refusal | None:
+    """What refuses the calls ``restrictions`` restrict (None: nothing is restricted)."""
+    if not restrictions:
         return None
 
-    return value
+    def check(method: Method, head: RequestHead) -> InferenceServerError | None:
+        metadata = head.metadata
 
+        def value(name: str) -> str | None:  # gRPC sends metadata keys in lower case
+            key = name.lower()
+            for item, text in metadata:
+                if item == key and isinstance(text, str):
+                    return text
+            return None
 
-class RestrictionInterceptor(grpc.aio.ServerInterceptor):
-    """Swaps the handler of a refused call for one answering its error."""
+        return restrictions.refusal(method.category, value)
 
-    def __init__(self, restrictions: restricted.Restrictions) -> None:
-        self._restrictions = restrictions
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:  # an unknown method: grpc answers UNIMPLEMENTED
-            return handler
-        metadata: Metadata = handler_call_details.invocation_metadata or ()
-        refusal = self._restrictions.refusal(
-            METHOD_CATEGORIES.get(handler_call_details.method), _lookup(metadata)
-        )
-        return handler if refusal is None else _refusing(handler, refusal)
-
-
-def _refusing(
-    handler: grpc.RpcMethodHandler[Any, Any], error: InferenceServerError
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of ``handler``'s kind that answers ``error``, parsing no request."""
-
-    async def refuse(request: Any, context: Context) -> None:
-        await context.abort(status_code(error), error.message)
-
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    return grpc.unary_unary_rpc_method_handler(refuse)
+    return check

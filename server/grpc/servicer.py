@@ -1,4 +1,4 @@
-"""``inference.GRPCInferenceService`` over grpc.aio: translate, call the data plane, translate.
+"""``inference.GRPCInferenceService``: translate, call the data plane, translate.
 
 Errors come from the shared hierarchy and map to gRPC codes through ``server.errors``; no RPC
 chooses a code itself.
@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
-
 from server import log_settings
-from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
+from server.errors import InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
+from server.grpc.call import CallContext
 from server.grpc.sequence_order import SequenceOrder
+from server.grpc.status import status_code
 from server.grpc.stream_window import StreamWindow
 from server.memory.host_pool import HostBuffer, HostBufferPool
 from server.plane import Plane
@@ -35,14 +35,8 @@ log = logging.getLogger("server.grpc")
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
-Context = grpc.aio.ServicerContext[Any, Any]
+Context = CallContext
 Handler = Callable[[Any, Request, Context], Awaitable[Response]]
-
-
-def status_code(error: InferenceServerError) -> grpc.StatusCode:
-    """The gRPC code of an error, from the one table in ``server.errors``."""
-    code: grpc.StatusCode = getattr(grpc.StatusCode, error.grpc_status_name)
-    return code
 
 
 def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:

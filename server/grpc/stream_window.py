@@ -1,15 +1,15 @@
 """Backpressure for one ``ModelStreamInfer`` stream: a client that stops reading its replies
 stops the server reading its requests, so what the stream holds in server memory is bounded.
 
-grpc.aio finishes ``context.write`` of a reply (for a generator handler: the step past its
-``yield``) only once HTTP/2 flow control has taken the whole message, that is once the peer's
-window had room for its last byte. Until then a reply waits in server memory, as do the replies
+A generator handler's step past its ``yield`` comes only once HTTP/2 flow control has taken the
+whole reply (``server.grpc.call.Call.send``), that is once the peer's window had room for its
+last byte. Until then a reply waits in server memory, as do the replies
 queued behind it and the requests still running. A stream therefore counts, from the moment it
 reads a request until that request's reply has been taken, the bytes of the request (until it
 is answered) and then of its reply; and it counts the requests running. Past either bound it
 reads no further request until replies drain. Its client's unsent requests then wait on the
-client's side, held back by the stream's receive window, which grpc core stops extending while
-nobody reads. Other streams and calls have their own windows and are unaffected.
+client's side, held back by the stream's receive window, which the server stops extending
+while nobody reads (``server.grpc.connection``). Other streams and calls have their own windows and are unaffected.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from tornado import httputil
 from tornado.netutil import bind_sockets
 
 from server.http.connection import HttpService
-from server.http.listener import Listener
 from server.http.server import Routes
+from server.listener import Listener
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.settings import HTTP_CHUNK_BYTES, Settings

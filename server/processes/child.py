@@ -47,7 +47,7 @@ class ChildInfo:
     control_path: str  # filesystem path of the executor's listening AF_UNIX socket
     control_fd: int | None  # executor only: the inherited listening AF_UNIX socket
     http_fd: int | None  # front end only: the inherited listening TCP socket (None: HTTP off)
-    grpc_port: int | None  # front end only: the gRPC port, bound with SO_REUSEPORT (None: off)
+    grpc_fd: int | None  # front end only: the inherited listening gRPC socket (None: gRPC off)
     frontends: int  # N
     status_fd: int  # write end of a pipe to the supervisor
 
@@ -81,7 +81,7 @@ def child_info() -> ChildInfo | None:
         control_path=control_path,
         control_fd=_optional_number(data, "control_fd"),
         http_fd=_optional_number(data, "http_fd"),
-        grpc_port=_optional_number(data, "grpc_port"),
+        grpc_fd=_optional_number(data, "grpc_fd"),
         frontends=_number(data, "frontends"),
         status_fd=_number(data, "status_fd"),
     )

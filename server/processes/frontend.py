@@ -41,14 +41,16 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     client = ExecutorClient(Outbox(arena.array, pool.allocator.allocate), pool.allocator.free)
     await client.connect(info.control_path, info.index, arena.fd, arena.size)
     grpc_server = None
-    if info.grpc_port is not None:
+    if info.grpc_fd is not None:
         grpc_server = GrpcServer(
             client,
-            share_port=True,
             keepalive=settings.grpc_keepalive,
             restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
         )
-        grpc_server.bind(settings.grpc_address, info.grpc_port, tls.from_settings(settings))
+        grpc_server.bind(
+            settings.grpc_address, 0, tls.from_settings(settings),
+            sockets=[socket.socket(fileno=info.grpc_fd)],
+        )
     http_server = None
     if info.http_fd is not None:
         http_server = start_http(settings, client, pool, [socket.socket(fileno=info.http_fd)])

@@ -103,7 +103,7 @@ class _Sockets:
 
     def __init__(self, settings: Settings, frontends: int) -> None:
         self.http: list[socket.socket] = []  # one per front end
-        self.grpc: socket.socket | None = None
+        self.grpc: list[socket.socket] = []  # one per front end
         self.control: socket.socket | None = None
         self.folder = tempfile.mkdtemp(prefix="tensorgate-")  # mode 0700: ours alone
         if len(os.fsencode(self.folder)) > _UNIX_PATH_ROOM:  # $TMPDIR too deep for a socket
@@ -114,7 +114,7 @@ class _Sockets:
             if settings.allow_http:
                 self.http = _listen_tcp(settings.http_address, settings.http_port, frontends)
             if settings.allow_grpc:
-                self.grpc = _reserve_port(settings.grpc_address, settings.grpc_port)
+                self.grpc = _listen_tcp(settings.grpc_address, settings.grpc_port, frontends)
             self.control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.control.bind(self.control_path)
             self.control.listen(socket.SOMAXCONN)
@@ -128,16 +128,15 @@ class _Sockets:
 
     @property
     def grpc_port(self) -> int | None:
-        return None if self.grpc is None else int(self.grpc.getsockname()[1])
+        return int(self.grpc[0].getsockname()[1]) if self.grpc else None
 
     def close_listeners(self) -> None:
-        """Our copies of the HTTP sockets and the gRPC port's reservation."""
-        for sock in (*self.http, self.grpc):
-            if sock is not None:
-                sock.close()
+        """Our copies of the HTTP and gRPC listening sockets."""
+        for sock in (*self.http, *self.grpc):
+            sock.close()
 
     def close(self) -> None:
-        for sock in (*self.http, self.grpc, self.control):
+        for sock in (*self.http, *self.grpc, self.control):
             if sock is not None:
                 sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -163,9 +162,10 @@ def _tcp_socket(host: str, port: int, *options: int) -> socket.socket:
 
 
 def _listen_tcp(host: str, port: int, count: int) -> list[socket.socket]:
-    """``count`` HTTP sockets on one port (a free one for port 0), listening, non-blocking,
-    with ``SO_REUSEPORT``: one per front end. The port is probed first with a plain bind, as
-    in ``_reserve_port``."""
+    """``count`` sockets on one port (a free one for port 0), listening, non-blocking, with
+    ``SO_REUSEPORT``: one per front end, which accepts on it alone (on a shared socket the
+    first front end to wake took every connection of a burst). The port is probed first,
+    see ``_probe_port``."""
     chosen = _probe_port(host, port)
     sockets: list[socket.socket] = []
     try:
@@ -191,13 +191,6 @@ def _probe_port(host: str, port: int) -> int:
     chosen = int(probe.getsockname()[1])
     probe.close()
     return chosen
-
-
-def _reserve_port(host: str, port: int) -> socket.socket:
-    """Hold the gRPC port (a free one for port 0) without accepting on it: bound with
-    ``SO_REUSEPORT``, not listening, so connections go to the front ends' listening sockets
-    (the port probed first, see ``_probe_port``)."""
-    return _tcp_socket(host, _probe_port(host, port), socket.SO_REUSEPORT)
 
 
 def _status_text(returncode: int) -> str:
@@ -398,17 +391,18 @@ class _Supervisor:
         is_executor = child.role == EXECUTOR
         control_fd = sockets.control.fileno() if is_executor and sockets.control else None
         http_fd = sockets.http[child.index].fileno() if not is_executor and sockets.http else None
+        grpc_fd = sockets.grpc[child.index].fileno() if not is_executor and sockets.grpc else None
         info = ChildInfo(
             role=child.role,
             index=child.index,
             control_path=sockets.control_path,
             control_fd=control_fd,
             http_fd=http_fd,
-            grpc_port=None if is_executor else sockets.grpc_port,
+            grpc_fd=grpc_fd,
             frontends=len(self._frontends),
             status_fd=write_fd,
         )
-        inherited = [fd for fd in (control_fd, http_fd, write_fd) if fd is not None]
+        inherited = [fd for fd in (control_fd, http_fd, grpc_fd, write_fd) if fd is not None]
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", child.module, *self._argv],

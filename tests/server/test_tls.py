@@ -3,6 +3,7 @@ unreadable one stops the server, naming the flag and the file)."""
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -41,9 +42,10 @@ def test_use_ssl_reads_the_server_files(pki: Pki) -> None:
     settings = parse_settings([*_flags(pki), "--grpc-use-ssl=true"])
     files = tls.from_settings(settings)
     assert files is not None
-    assert files.server_cert == pki.read("server_cert")
-    assert files.server_key == pki.read("server_key")
+    assert (files.server_cert, files.server_key) == (str(pki.server_cert), str(pki.server_key))
     assert (files.root_cert, files.mutual) == (None, False)  # no use for it without mutual
+    context = files.server_context(["h2"])
+    assert context.verify_mode == ssl.CERT_NONE
 
 
 @pytest.mark.parametrize("value", ["", "=true", "=false"])

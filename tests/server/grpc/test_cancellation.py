@@ -17,9 +17,10 @@ from tests.server_process import ServerProcess, start_server
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(
-        build_slow_repository(tmp_path_factory.mktemp("slow_grpc")), args=("--log-verbose=1",)
-    )
+    # Enough work that the busy request outlasts the late one's deadline on a fast machine
+    # (24 MatMuls took 0.25 s there, about the deadline).
+    repository = build_slow_repository(tmp_path_factory.mktemp("slow_grpc"), matmuls=96)
+    process = start_server(repository, args=("--log-verbose=1",))
     assert process.port is not None, process.log
     yield process
     process.stop()

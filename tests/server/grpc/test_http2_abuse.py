@@ -1,7 +1,8 @@
 """HTTP/2 abuse on one connection leaves every other client served: rapid reset (20,000
-HEADERS + DATA + RST_STREAM, CVE-2023-44487) is answered by refusing that connection's excess
-streams, a ping flood by closing that connection; the server announces its stream limit. The
-abusive client is raw HTTP/2 (``tests.server.grpc.raw_http2``) on 127.0.0.1."""
+HEADERS + DATA + RST_STREAM, CVE-2023-44487) costs the server a header decode per stream and
+no handler (streams past the limit, which count until their handlers end, are refused:
+``test_connection``), a ping flood closes that connection; the server announces its stream
+limit. The abusive client is raw HTTP/2 (``tests.server.grpc.raw_http2``) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_server_announces_its_stream_limit(server: ServerProcess) -> None:
 
 def test_rapid_reset_leaves_other_connections_served(server: ServerProcess) -> None:
     """While one connection opens and resets 20,000 streams, every ModelInfer call of another
-    connection succeeds; the attacker's streams past the limit are refused (REFUSED_STREAM)."""
+    connection succeeds, and the attacker's connection stays usable."""
     port = server.grpc_port or 0
     body = SIMPLE.SerializeToString()
     message = b"\x00" + struct.pack(">I", len(body)) + body  # one gRPC length-prefixed message
@@ -142,7 +143,7 @@ def test_rapid_reset_leaves_other_connections_served(server: ServerProcess) -> N
         sent = pair + 1
     assert normal.failures == Counter(), (normal.failures, normal.ok)
     assert normal.ok > 0
-    assert attacker.resets[ErrorCodes.REFUSED_STREAM] > 0, (sent, attacker.resets)
+    assert attacker.goaway is None and sent > BURST, (sent, attacker.goaway)
     with grpc.insecure_channel(server.grpc_url) as channel:
         _assert_simple(pb_grpc.GRPCInferenceServiceStub(channel))
 

@@ -18,7 +18,7 @@ from tornado.netutil import bind_sockets
 from server import event_loop
 from server.http.connection import HttpService
 from server.http.endpoint import service
-from server.http.listener import Listener
+from server.listener import Listener
 
 BIG = 8 << 20
 

@@ -24,8 +24,8 @@ from server.errors import NotFound
 from server.http.endpoint import service as http_service
 from server.http.exchange import Exchange
 from server.http.infer import INFER_PATH, InferExchange, InferService
-from server.http.listener import Listener
 from server.http.server import Routes
+from server.listener import Listener
 from server.memory.host_pool import HostBufferPool
 from server.plane import Plane
 from server.protocol.datatypes import from_name

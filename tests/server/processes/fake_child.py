@@ -81,7 +81,11 @@ def main() -> int:
     path = Path(os.environ["FAKE_CHILD_DIR"]) / f"{me}.{os.getpid()}"
     _record(path, "start")
     _record(path, f"control_path:{info.control_path}")
-    _record(path, f"grpc_port:{info.grpc_port}")
+    grpc_port = None
+    if info.grpc_fd is not None:
+        with socket.fromfd(info.grpc_fd, socket.AF_INET, socket.SOCK_STREAM) as grpc:
+            grpc_port = grpc.getsockname()[1]
+    _record(path, f"grpc_port:{grpc_port}")
     if os.environ.get("FAKE_CHILD_FAIL") == me:
         _record(path, "fail")
         return 3

@@ -17,7 +17,7 @@ from tests.server_process import ROOT
 
 INFO = ChildInfo(
     role="frontend", index=1, control_path="/run/x/control", control_fd=None, http_fd=5,
-    grpc_port=8001, frontends=2, status_fd=7,
+    grpc_fd=9, frontends=2, status_fd=7,
 )
 
 

@@ -352,39 +352,10 @@ def test_the_supervisor_imports_no_heavy_module() -> None:
     assert result.stdout.strip() == "[]", result.stdout
 
 
-def test_the_grpc_port_is_never_shared_with_another_holder() -> None:
-    """A port held with SO_REUSEPORT by another server (its reservation, or grpc's listening
-    sockets) is refused, not joined; port 0 picks a port nobody holds."""
-    import socket as socket_module
-
-    from server.processes.supervisor import _reserve_port
-
-    first = _reserve_port("127.0.0.1", 0)
-    try:
-        port = first.getsockname()[1]
-        with pytest.raises(OSError):
-            _reserve_port("127.0.0.1", port)
-        listening = socket_module.socket()
-        listening.setsockopt(socket_module.SOL_SOCKET, socket_module.SO_REUSEPORT, 1)
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        try:
-            with pytest.raises(OSError):
-                _reserve_port("127.0.0.1", listening.getsockname()[1])
-            others = [_reserve_port("127.0.0.1", 0) for _ in range(20)]
-            ports = {s.getsockname()[1] for s in others}
-            assert port not in ports and listening.getsockname()[1] not in ports
-            for sock in others:
-                sock.close()
-        finally:
-            listening.close()
-    finally:
-        first.close()
-
-
-def test_the_http_port_is_never_shared_with_another_holder() -> None:
-    """One SO_REUSEPORT listening socket per front end, all on one port; a port another
-    holder has (with SO_REUSEPORT, or these very sockets) is refused, not joined."""
+def test_a_port_is_never_shared_with_another_holder() -> None:
+    """One SO_REUSEPORT listening socket per front end, all on one port (HTTP's and gRPC's);
+    a port another holder has (with SO_REUSEPORT, or these very sockets) is refused, not
+    joined."""
     from server.processes.supervisor import _listen_tcp
 
     group = _listen_tcp("127.0.0.1", 0, 3)

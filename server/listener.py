@@ -1,4 +1,5 @@
-"""Accepts connections for an ``HttpService``, pausing instead of spinning when accept fails.
+"""Accepts connections for a service (HTTP's or gRPC's), pausing instead of spinning when
+accept fails.
 
 An accept handler that lets every error but EAGAIN escape to asyncio (as Tornado's did) has it
 logged with a traceback; the listening socket stays readable, so with the process out of file
@@ -14,8 +15,8 @@ import asyncio
 import logging
 import socket
 from collections.abc import Sequence
+from typing import Any, Protocol
 
-from server.http.connection import HttpService
 from server.logs import RepeatingError
 
 log = logging.getLogger(__name__)
@@ -26,10 +27,16 @@ PAUSE_SECS = 0.1
 _ACCEPTS_PER_WAKEUP = 128
 
 
-class Listener:
-    """Feeds the connections arriving on ``sockets`` to ``server`` until closed."""
+class Service(Protocol):
+    """What serves the accepted connections."""
 
-    def __init__(self, service: HttpService, sockets: Sequence[socket.socket], name: str) -> None:
+    def adopt(self, sock: socket.socket, address: Any) -> None: ...
+
+
+class Listener:
+    """Feeds the connections arriving on ``sockets`` to ``service`` until closed."""
+
+    def __init__(self, service: Service, sockets: Sequence[socket.socket], name: str) -> None:
         self._service = service
         self._sockets = list(sockets)
         self._loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 
 from scripts import make_models
 from server.http.endpoint import service
-from server.http.listener import PAUSE_SECS, Listener
+from server.listener import PAUSE_SECS, Listener
 from tests.server.http.helpers import parse_raw_response, read_response
 from tests.server_process import ServerProcess, start_server
 
@@ -67,7 +67,7 @@ def test_a_failing_accept_pauses_and_resumes(caplog: pytest.LogCaptureFixture, c
         listener.close()
         return answer, time.monotonic() - started
 
-    with caplog.at_level(logging.ERROR, logger="server.http.listener"):
+    with caplog.at_level(logging.ERROR, logger="server.listener"):
         answer, took = asyncio.run(request_once())
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
     assert took >= failures * PAUSE_SECS  # it paused after each failure...

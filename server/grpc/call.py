@@ -1,0 +1,461 @@
+"""One gRPC call: an HTTP/2 stream's request messages in, its handler, its response out.
+
+A call is also its handler's context (``CallContext``): the metadata the client sent, ``abort``
+to end the call with a status. Handlers are shaped as ``grpc.aio``'s servicers: ``(request,
+context)`` returning the response, or an async iterator of responses; a streaming request is
+an async iterator of messages.
+
+Request messages are gRPC's length-prefixed messages (a compressed flag, a 4-byte length)
+split over DATA frames as the client pleases; they are put together here. The stream's window
+is given back as the bytes arrive while the handler waits for them (a unary request, a stream
+being read) and held while messages wait unread, so that a client whose stream the server
+does not read is held back by HTTP/2 flow control, not buffered without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gzip
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from server import eager
+from server.grpc.headers import RequestHead
+from server.grpc.status import AbortError, StatusCode
+
+if TYPE_CHECKING:
+    from server.grpc.connection import Http2Connection
+
+log = logging.getLogger("server.grpc")
+
+#: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
+PREFIX_SIZE = 5
+DEADLINE_EXCEEDED = "Deadline Exceeded"
+#: A call refused before its handler runs is answered at its first request message, or this
+#: long after its HEADERS if none comes (see ``Call.refuse``).
+REFUSAL_DELAY_S = 0.1
+
+
+class CallContext(Protocol):
+    """What a handler may ask of its call."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
+
+    async def abort(self, code: StatusCode, details: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Method:
+    """An RPC the server answers: its handler, the kinds of its request and response, how its
+    messages are read and written (None: the handler takes and gives bytes), and its
+    category for ``--grpc-restricted-protocol``."""
+
+    handler: Callable[..., Any]
+    request_streaming: bool = False
+    response_streaming: bool = False
+    deserialize: Callable[[bytes], Any] | None = None
+    serialize: Callable[[Any], bytes] | None = None
+    category: str | None = None
+
+
+class CallError(Exception):
+    """A request the call cannot take (a malformed or oversize message): the call ends with
+    ``code`` and ``message``."""
+
+    def __init__(self, code: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Call:
+    """One stream of ``connection``, id ``stream_id``, calling ``method``."""
+
+    __slots__ = (
+        "_deadline",
+        "_finished",
+        "_flag",
+        "_left",
+        "_message",
+        "_messages",
+        "_prefix",
+        "_reader",
+        "_refusal",
+        "_request",
+        "_timer",
+        "connection",
+        "head",
+        "headers_sent",
+        "id",
+        "local_closed",
+        "method",
+        "outgoing",
+        "queued",
+        "recv_window",
+        "remote_closed",
+        "send_window",
+        "sent",
+        "task",
+        "trailers",
+        "unacked",
+        "waiters",
+    )
+
+    def __init__(
+        self,
+        connection: Http2Connection,
+        stream_id: int,
+        head: RequestHead,
+        method: Method | None,
+        send_window: int,
+        recv_window: int,
+    ) -> None:
+        self.connection = connection
+        self.id = stream_id
+        self.head = head
+        self.method = method
+        # HTTP/2: flow control and the two halves of the stream.
+        self.send_window = send_window
+        self.recv_window = recv_window  # bytes the client may still send
+        self.unacked = 0  # bytes received whose window has not been given back
+        self.remote_closed = False  # END_STREAM or RST_STREAM received
+        self.local_closed = False  # END_STREAM or RST_STREAM sent
+        self.headers_sent = False
+        self.outgoing: collections.deque[bytes | memoryview] = collections.deque()
+        self.queued = 0  # bytes ever put in ``outgoing``
+        self.sent = 0  # of which written
+        self.trailers: bytes | None = None  # to send once ``outgoing`` is empty
+        self.waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+        # gRPC: the request messages.
+        self._prefix = b""
+        self._flag = 0
+        self._message: bytearray | None = None  # the message being put together
+        self._left = 0  # its bytes still to come
+        self._messages: collections.deque[bytes] = collections.deque()
+        self._reader: asyncio.Future[None] | None = None
+        self._request: bytes | None = None  # a unary request's one message
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None
+        self._finished = False
+        self._refusal: tuple[StatusCode, str] | None = None
+
+    # --- the handler's context ------------------------------------------------------------
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self.head.metadata
+
+    async def abort(self, code: StatusCode, details: str) -> None:
+        raise AbortError(code, details)
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def peer(self) -> str:
+        return self.connection.peer
+
+    # --- start ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The call's HEADERS are in: run its handler now if it streams its requests (it
+        reads them as they come), else once the request is complete."""
+        timeout = self.head.timeout
+        if timeout is not None:
+            self._deadline = time.monotonic() + timeout
+            self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+        method = self.method
+        assert method is not None
+        if method.request_streaming:
+            self._run(self._serve_stream(_Requests(self)))
+
+    def refuse(self, code: StatusCode, message: str) -> None:
+        """End the call with ``code`` without running a handler: once its first request
+        message (or its end) has come, or after ``REFUSAL_DELAY_S``. Not at once: a grpc.aio
+        client whose stream has ended before it sent its first message reports INTERNAL
+        ("Internal error from Core", its send failed) instead of the status (49 of 50
+        refused ModelStreamInfer calls did, answered on their HEADERS)."""
+        self._refusal = (code, message)
+        self._timer = asyncio.get_running_loop().call_later(REFUSAL_DELAY_S, self._refuse_now)
+
+    def _refuse_now(self) -> None:
+        self._timer = None
+        if self._refusal is not None:
+            self.finish(*self._refusal)
+
+    def _run(self, coroutine: Any) -> None:
+        task = eager.start(coroutine)
+        if task is not None:
+            self.task = task
+            task.add_done_callback(self._handler_done)
+        else:
+            self.connection.call_done(self)
+
+    def _handler_done(self, _: asyncio.Task[None]) -> None:
+        self.task = None
+        self.connection.call_done(self)
+
+    # --- request messages -----------------------------------------------------------------
+
+    @property
+    def holds_unread(self) -> bool:
+        """Messages wait that the handler has not read: the window is not given back."""
+        return bool(self._messages)
+
+    def data(self, chunk: memoryview) -> None:
+        """Request bytes of a DATA frame; ``CallError`` for a message the call refuses."""
+        if self._refusal is not None:
+            self._refuse_now()
+            return
+        pos, end = 0, len(chunk)
+        while pos < end:
+            if self._message is None:
+                if not self._prefix and end - pos >= PREFIX_SIZE:
+                    flag, length = chunk[pos], int.from_bytes(chunk[pos + 1 : pos + 5], "big")
+                    pos += PREFIX_SIZE
+                else:
+                    taken = chunk[pos : pos + PREFIX_SIZE - len(self._prefix)].tobytes()
+                    self._prefix += taken
+                    pos += len(taken)
+                    if len(self._prefix) < PREFIX_SIZE:
+                        return
+                    flag, length = self._prefix[0], int.from_bytes(self._prefix[1:], "big")
+                    self._prefix = b""
+                self._check(flag, length)
+                if end - pos >= length:  # all of it here (a small message, nearly always)
+                    self._deliver(flag, chunk[pos : pos + length].tobytes())
+                    pos += length
+                    continue
+                self._flag, self._left = flag, length
+                self._message = bytearray()
+            taken_view = chunk[pos : pos + self._left]
+            self._message += taken_view
+            pos += len(taken_view)
+            self._left -= len(taken_view)
+            if self._left == 0:
+                message, self._message = self._message, None
+                self._deliver(self._flag, bytes(message))
+
+    def _check(self, flag: int, length: int) -> None:
+        if flag > 1:
+            raise CallError(StatusCode.INTERNAL, f"invalid gRPC message flag {flag}")
+        limit = self.connection.service.max_message_size
+        if length > limit:
+            raise CallError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max ({length} vs. {limit})",
+            )
+        if self.method is not None and not self.method.request_streaming and (
+            self._request is not None
+        ):
+            raise CallError(StatusCode.INTERNAL, "more than one request message in a unary call")
+
+    def _deliver(self, flag: int, message: bytes) -> None:
+        if flag:
+            message = self._decompress(message)
+        if self.method is not None and self.method.request_streaming:
+            self._messages.append(message)
+            self._wake_reader()
+        else:
+            self._request = message
+
+    def _decompress(self, message: bytes) -> bytes:
+        encoding = self.head.encoding
+        limit = self.connection.service.max_message_size
+        try:
+            if encoding == "gzip":
+                inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            elif encoding == "deflate":
+                inflater = zlib.decompressobj()
+            else:
+                raise CallError(
+                    StatusCode.INTERNAL,
+                    f"a compressed message with grpc-encoding '{encoding[:100]}'",
+                )
+            out = inflater.decompress(message, limit + 1)
+        except (zlib.error, gzip.BadGzipFile) as exc:
+            raise CallError(StatusCode.INTERNAL, f"cannot decompress the message: {exc}") from None
+        if len(out) > limit:
+            raise CallError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit} bytes once decompressed)",
+            )
+        return out
+
+    def end_of_requests(self) -> None:
+        """The client has half-closed (END_STREAM): a unary request is complete."""
+        self.remote_closed = True
+        if self._refusal is not None:
+            self._refuse_now()
+            return
+        method = self.method
+        if method is None or self._finished:
+            return
+        if method.request_streaming:
+            self._wake_reader()
+            return
+        if self._message is not None or self._prefix:
+            self.finish(StatusCode.INTERNAL, "the request ended inside a message")
+            self.connection.call_done(self)
+        elif self._request is None:
+            self.finish(StatusCode.INTERNAL, "Missing request message")
+            self.connection.call_done(self)
+        else:
+            request, self._request = self._request, None
+            if method.response_streaming:
+                self._run(self._serve_stream(request))
+            else:
+                self._run(self._serve_unary(request))
+
+    async def read(self) -> bytes | None:
+        """The next request message of a streaming call; None once the client has sent all."""
+        while not self._messages:
+            if self.remote_closed:
+                return None
+            self._reader = asyncio.get_running_loop().create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        message = self._messages.popleft()
+        if not self._messages:
+            self.connection.give_back_window(self)
+        return message
+
+    def _wake_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
+
+    # --- the handler ----------------------------------------------------------------------
+
+    async def _serve_unary(self, request: bytes) -> None:
+        method = self.method
+        assert method is not None
+        try:
+            argument = request if method.deserialize is None else method.deserialize(request)
+        except Exception:  # noqa: BLE001 - the client's bytes
+            self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
+            return
+        try:
+            response = await method.handler(argument, self)
+            payload = response if method.serialize is None else method.serialize(response)
+        except AbortError as error:
+            self.finish(error.code, error.message)
+        except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
+            self._failed(exc)
+        else:
+            if not self._finished:
+                self._finished = True
+                self._stop_timer()
+                self.connection.reply(self, payload)
+
+    async def _serve_stream(self, request: Any) -> None:
+        method = self.method
+        assert method is not None
+        try:
+            if method.deserialize is not None and not method.request_streaming:
+                request = method.deserialize(request)
+        except Exception:  # noqa: BLE001 - the client's bytes
+            self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
+            return
+        try:
+            result = method.handler(request, self)
+            if not method.response_streaming:
+                response = await result
+                await self.send(response if method.serialize is None else method.serialize(response))
+            else:
+                async for response in result:
+                    if self._finished:
+                        break
+                    await self.send(
+                        response if method.serialize is None else method.serialize(response)
+                    )
+        except AbortError as error:
+            self.finish(error.code, error.message)
+        except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
+            self._failed(exc)
+        else:
+            self.finish(StatusCode.OK, "")
+
+    def _failed(self, exc: Exception) -> None:
+        log.error("an RPC handler of %s failed", self.head.path, exc_info=exc)
+        self.finish(StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+
+    async def send(self, payload: bytes) -> None:
+        """Send one response message; return once flow control has taken all of it."""
+        if self._finished:
+            return
+        sent = self.connection.send_message(self, payload)
+        if sent is not None:
+            await sent
+
+    def finish(self, code: StatusCode, message: str) -> None:
+        """End the call with its status (the first ending counts)."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop_timer()
+        self.connection.send_status(self, code, message)
+
+    # --- the end --------------------------------------------------------------------------
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._finished:
+            self.finish(StatusCode.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED)
+        self.cancel()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def cancel(self) -> None:
+        """Nobody waits for the answer (the client reset the stream, the connection is gone,
+        the deadline passed): stop the handler."""
+        self._finished = True
+        self._stop_timer()
+        if self.task is not None:
+            self.task.cancel()
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+        waiters, self.waiters = self.waiters, collections.deque()
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.cancel()
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None
+
+
+class _Requests:
+    """A streaming call's request messages as its handler iterates them."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self._call.read()
+        if message is None:
+            raise StopAsyncIteration
+        method = self._call.method
+        if method is None or method.deserialize is None:
+            return message
+        try:
+            return method.deserialize(message)
+        except Exception:  # noqa: BLE001 - the client's bytes
+            raise AbortError(StatusCode.INTERNAL, "Exception deserializing request!") from None
+
+
+RequestIterator = AsyncIterator[Any]
+Handler = Callable[[Any, CallContext], Awaitable[Any]]

@@ -1,0 +1,383 @@
+"""The gRPC port's HTTP/2 (``server.grpc.connection``) seen frame by frame from a raw client
+(``tests.server.grpc.raw_http2``), with test handlers: framing, flow control both ways, the
+stream limit, refusals, deadlines and cancellation, going away."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+import h2.config
+import pytest
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+from tornado.netutil import bind_sockets
+
+from server.grpc import connection as grpc_connection
+from server.grpc.call import REFUSAL_DELAY_S, CallContext, Method
+from server.grpc.connection import CONNECTION_WINDOW, MAX_FRAME_SIZE, STREAM_WINDOW, GrpcService
+from server.grpc.status import StatusCode
+from server.listener import Listener
+from server.settings import GrpcKeepalive
+from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
+
+
+class Handlers:
+    """Test methods, and what happened to them (touched from the server's thread)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()  # created in the server's loop (see Server)
+        self.started = 0
+        self.cancelled = 0
+        self.read: list[bytes] = []
+
+    async def echo(self, request: bytes, context: CallContext) -> bytes:
+        return request
+
+    async def block(self, request: bytes, context: CallContext) -> bytes:
+        """Waits for ``release``; a cancellation ends it only once released too (as a request
+        the executor still runs waits for its answer)."""
+        self.started += 1
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            await asyncio.shield(self.release.wait())
+            raise
+        return request
+
+    async def fail(self, request: bytes, context: CallContext) -> bytes:
+        raise RuntimeError("boom")
+
+    async def abort(self, request: bytes, context: CallContext) -> bytes:
+        await context.abort(StatusCode.NOT_FOUND, "no model 'ü' 100%")
+        return b""
+
+    async def metadata(self, request: bytes, context: CallContext) -> bytes:
+        return repr(sorted(context.invocation_metadata())).encode()
+
+    async def stream(self, requests: AsyncIterator[bytes], context: CallContext) -> AsyncIterator[bytes]:
+        """Replies to each request with itself; reads nothing until ``release``."""
+        await self.release.wait()
+        async for request in requests:
+            self.read.append(request)
+            yield request
+
+    def methods(self) -> dict[str, Method]:
+        unary = ("echo", "block", "fail", "abort", "metadata")
+        table = {f"/t/{name}": Method(getattr(self, name)) for name in unary}
+        table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
+        table["/t/refused"] = Method(self.echo, category="secret")
+        return table
+
+
+class Server:
+    """A ``GrpcService`` on its own loop in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, keepalive: GrpcKeepalive, max_message_size: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.handlers = self.run(self._handlers())
+        refusal = _refuse_secret
+        self.service = GrpcService(self.handlers.methods(), keepalive, refusal, max_message_size)
+        sockets = bind_sockets(0, "127.0.0.1")
+        self.port = sockets[0].getsockname()[1]
+        self.listener = self.run(self._listen(sockets))
+
+    async def _handlers(self) -> Handlers:
+        return Handlers()
+
+    async def _listen(self, sockets: list[socket.socket]) -> Listener:
+        return Listener(self.service, sockets, "test")
+
+    def run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
+
+    def call_soon(self, function: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(function, *args)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.listener.close()
+            for connection in list(self.service.connections):
+                connection.abort()
+            await asyncio.sleep(0.05)
+
+        self.run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+def _refuse_secret(method: Method, head: Any) -> Any:
+    from server.errors import Unavailable
+
+    return Unavailable("restricted") if method.category == "secret" else None
+
+
+@contextmanager
+def serving(
+    keepalive: GrpcKeepalive | None = None, max_message_size: int = 1 << 30
+) -> Iterator[Server]:
+    server = Server(keepalive or GrpcKeepalive(), max_message_size)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextmanager
+def client(server: Server, config: h2.config.H2Configuration | None = None) -> Iterator[RawHttp2Client]:
+    raw = RawHttp2Client(server.port, config)
+    try:
+        raw.wait(lambda: bool(raw.settings))
+        yield raw
+    finally:
+        raw.close()
+
+
+def test_the_server_announces_its_settings_and_window() -> None:
+    with serving() as server, client(server) as raw:
+        assert raw.settings[SettingCodes.MAX_CONCURRENT_STREAMS] == 1000
+        assert raw.settings[SettingCodes.INITIAL_WINDOW_SIZE] == STREAM_WINDOW
+        assert raw.settings[SettingCodes.MAX_FRAME_SIZE] == MAX_FRAME_SIZE
+        raw.wait(lambda: raw.h2.outbound_flow_control_window == CONNECTION_WINDOW)
+        assert raw.h2.outbound_flow_control_window == CONNECTION_WINDOW
+
+
+def test_a_unary_call_is_answered_with_headers_message_and_trailers() -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/echo", b"hello")
+        assert response.headers[":status"] == "200"
+        assert response.headers["content-type"] == "application/grpc"
+        assert response.messages() == [b"hello"]
+        assert (response.status, response.message) == (0, "")
+
+
+@pytest.mark.parametrize("frame_size", [1, 3, 7, 1000])
+def test_a_message_in_many_frames_and_reads_is_put_together(frame_size: int) -> None:
+    payload = bytes(range(256)) * 40
+    wire = grpc_message(payload)
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/echo")
+        for start in range(0, len(wire), frame_size):
+            raw.h2.send_data(stream, wire[start : start + frame_size])
+            raw.send_raw(raw.h2.data_to_send())  # each frame in a write of its own
+        raw.h2.end_stream(stream)
+        raw.flush()
+        assert raw.finish(stream).messages() == [payload]
+
+
+def test_bytes_arriving_one_by_one_are_parsed() -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/echo")
+        raw.h2.send_data(stream, grpc_message(b"x" * 100), end_stream=True)
+        for byte in raw.h2.data_to_send():
+            raw.send_raw(bytes([byte]))
+        assert raw.finish(stream).messages() == [b"x" * 100]
+
+
+def test_metadata_reaches_the_handler_binary_values_decoded() -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/metadata", b"", ("x-key", "v"), ("x-data-bin", "AAEC"))
+        assert response.messages() == [
+            repr(sorted([("x-key", "v"), ("x-data-bin", b"\x00\x01\x02")])).encode()
+        ]
+
+
+def test_gzip_compressed_messages_are_decompressed() -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/echo", ("grpc-encoding", "gzip"))
+        raw.h2.send_data(stream, grpc_message(gzip.compress(b"abc" * 100), True), end_stream=True)
+        raw.flush()
+        assert raw.finish(stream).messages() == [b"abc" * 100]
+
+
+@pytest.mark.parametrize(
+    "path, code, message",
+    [
+        ("/t/nothing", StatusCode.UNIMPLEMENTED, "Method not found!"),
+        ("/t/fail", StatusCode.UNKNOWN, "Unexpected <class 'RuntimeError'>: boom"),
+        ("/t/abort", StatusCode.NOT_FOUND, "no model '%C3%BC' 100%25"),
+        ("/t/refused", StatusCode.UNAVAILABLE, "restricted"),
+    ],
+)
+def test_failed_calls_end_with_their_status(path: str, code: StatusCode, message: str) -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call(path, b"x")
+        assert (response.status, response.message) == (code, message)
+        assert raw.call("/t/echo", b"after").messages() == [b"after"]
+
+
+def test_a_refused_stream_is_answered_without_a_message_too() -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/refused")
+        response = raw.finish(stream, 10 * REFUSAL_DELAY_S)
+        assert response.status == StatusCode.UNAVAILABLE
+
+
+def test_a_message_over_the_limit_is_refused() -> None:
+    with serving(max_message_size=100) as server, client(server) as raw:
+        response = raw.call("/t/echo", b"x" * 101)
+        assert response.status == StatusCode.RESOURCE_EXHAUSTED
+        assert response.message == "Received message larger than max (101 vs. 100)"
+        assert raw.call("/t/echo", b"x" * 100).messages() == [b"x" * 100]
+
+
+@pytest.mark.parametrize(
+    "headers, status",
+    [
+        ([(":method", "GET")], "405"),
+        ([("content-type", "text/plain")], "415"),
+    ],
+)
+def test_requests_that_are_not_grpc_get_an_http_status(
+    headers: list[tuple[str, str]], status: str
+) -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.h2.get_next_available_stream_id()
+        base = {":method": "POST", ":scheme": "http", ":path": "/t/echo", ":authority": "x",
+                "content-type": "application/grpc"}
+        base.update(headers)
+        raw.h2.send_headers(stream, list(base.items()), end_stream=True)
+        raw.flush()
+        assert raw.finish(stream).headers[":status"] == status
+
+
+def test_a_client_that_is_not_http2_is_sent_goaway() -> None:
+    with serving() as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(4096):
+                data += chunk
+        assert data[3] == 0x4  # the server's SETTINGS first (then GOAWAY)
+        assert b"not an HTTP/2 client" in data
+
+
+def test_a_large_answer_waits_for_the_clients_window() -> None:
+    """The client gives back its 64 KiB window only when the test says so: the answer comes
+    in pieces, each after a WINDOW_UPDATE, whole in the end."""
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    with serving() as server, client(server) as raw:
+        raw.acknowledge = False
+        stream = raw.start("/t/echo")
+        raw.h2.send_data(stream, grpc_message(payload), end_stream=True)
+        raw.flush()
+        response = raw.responses[stream]
+        raw.wait(lambda: len(response.data) >= 65_535 - 1000, 5)
+        raw.receive(0.2)
+        assert len(response.data) <= 65_535 and not response.ended
+        raw.acknowledge = True
+        raw.h2.acknowledge_received_data(len(response.data), stream)
+        raw.flush()
+        assert raw.finish(stream).messages() == [payload]
+
+
+def test_streams_count_until_their_handlers_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the limit new streams are refused; a stream the client reset still counts until
+    its handler is over (HTTP/2 rapid reset)."""
+    monkeypatch.setattr(grpc_connection, "MAX_CONCURRENT_STREAMS", 4)
+    with serving() as server, client(server) as raw:
+        streams = []
+        for _ in range(4):
+            stream = raw.start("/t/block")
+            raw.h2.send_data(stream, grpc_message(b"x"), end_stream=True)
+            streams.append(stream)
+        raw.flush()
+        raw.wait(lambda: server.handlers.started == 4)
+        for stream in streams:
+            raw.h2.reset_stream(stream, ErrorCodes.CANCEL)
+        raw.flush()
+        raw.wait(lambda: server.handlers.cancelled == 4)
+        refused = raw.start("/t/echo")
+        raw.h2.send_data(refused, grpc_message(b"y"), end_stream=True)
+        raw.flush()
+        raw.wait(lambda: raw.resets[ErrorCodes.REFUSED_STREAM] == 1)
+        assert raw.resets[ErrorCodes.REFUSED_STREAM] == 1
+        server.call_soon(server.handlers.release.set)
+        raw.receive(0.2)
+        assert raw.call("/t/echo", b"z").messages() == [b"z"]
+
+
+def test_a_reset_or_a_deadline_cancels_the_handler() -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/block", ("grpc-timeout", "50m"))
+        raw.h2.send_data(stream, grpc_message(b"x"), end_stream=True)
+        raw.flush()
+        response = raw.finish(stream)
+        assert (response.status, response.message) == (
+            StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        )
+        stream = raw.start("/t/block")
+        raw.h2.send_data(stream, grpc_message(b"x"), end_stream=True)
+        raw.flush()
+        raw.wait(lambda: server.handlers.started == 2)
+        raw.h2.reset_stream(stream, ErrorCodes.CANCEL)
+        raw.flush()
+        raw.wait(lambda: server.handlers.cancelled == 2)
+        assert server.handlers.cancelled == 2
+
+
+def test_an_unread_stream_holds_the_clients_window() -> None:
+    """A streaming call whose handler reads nothing gives no window back: the client stops at
+    its stream window; once the handler reads, the rest comes and every request is answered."""
+    chunk = b"r" * (1 << 16)
+    count = 2 * STREAM_WINDOW // len(chunk)
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/stream")
+        sent = 0
+        while sent < count and raw.h2.local_flow_control_window(stream) >= len(chunk) + 5:
+            raw.h2.send_data(stream, grpc_message(chunk))
+            raw.flush()
+            sent += 1
+            raw.receive(0.01)
+        raw.receive(0.3)
+        assert sent < count
+        assert raw.h2.local_flow_control_window(stream) < len(chunk) + 5
+        server.call_soon(server.handlers.release.set)
+        while sent < count:
+            raw.wait(lambda: raw.h2.local_flow_control_window(stream) >= len(chunk) + 5)
+            raw.h2.send_data(stream, grpc_message(chunk))
+            raw.flush()
+            sent += 1
+        raw.h2.end_stream(stream)
+        raw.flush()
+        response = raw.finish(stream, 10)
+        assert response.status == 0 and response.messages() == [chunk] * count
+
+
+def test_pings_are_answered() -> None:
+    with serving() as server, client(server) as raw:
+        raw.h2.ping(b"12345678")
+        raw.flush()
+        raw.wait(lambda: raw.pings_acked == 1)
+        assert raw.pings_acked == 1
+
+
+def test_going_away_finishes_open_calls_then_closes() -> None:
+    """GOAWAY NO_ERROR: the call already open is answered, then the connection closes; the
+    client's next call goes over a new connection."""
+    with serving() as server, grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        block = channel.unary_unary("/t/block")
+        echo = channel.unary_unary("/t/echo")
+        assert echo(b"first", timeout=5) == b"first"
+        future = block.future(b"open", timeout=10)
+        deadline = time.monotonic() + 5
+        while server.handlers.started == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [connection] = list(server.service.connections)
+        server.call_soon(connection.go_away)
+        time.sleep(0.1)
+        server.call_soon(server.handlers.release.set)
+        assert future.result() == b"open"
+        server.run(asyncio.wait_for(connection.closed, 5))
+        assert echo(b"again", timeout=5) == b"again"
