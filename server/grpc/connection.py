@@ -563,7 +563,9 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._table_size = value
                 self._table_update = headers.table_size_update(value)
         self._write(frames.SETTINGS_ACK)
-        self._flush_blocked()
+        for call in list(self._streams.values()):  # a larger initial window may free any
+            if call.outgoing or call.trailers is not None:
+                self._flush(call)
 
     def _ping_frame(self, flags: int, stream: int, payload: memoryview) -> None:
         if stream:

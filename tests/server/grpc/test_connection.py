@@ -282,6 +282,26 @@ def test_a_large_answer_waits_for_the_clients_window() -> None:
         assert raw.finish(stream).messages() == [payload]
 
 
+def test_a_larger_initial_window_frees_a_blocked_answer() -> None:
+    """Blocked by a stream window of 100 bytes, an answer goes on when the client's SETTINGS
+    raise the initial window (no WINDOW_UPDATE for the stream)."""
+    with serving() as server, client(server) as raw:
+        raw.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 100})
+        raw.flush()
+        raw.receive(0.1)
+        raw.acknowledge = False
+        stream = raw.start("/t/echo")
+        raw.h2.send_data(stream, grpc_message(b"w" * 1000), end_stream=True)
+        raw.flush()
+        response = raw.responses[stream]
+        raw.wait(lambda: len(response.data) >= 100, 2)
+        raw.receive(0.1)
+        assert len(response.data) == 100 and not response.ended
+        raw.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+        raw.flush()
+        assert raw.finish(stream).messages() == [b"w" * 1000]
+
+
 def test_streams_count_until_their_handlers_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the limit new streams are refused; a stream the client reset still counts until
     its handler is over (HTTP/2 rapid reset)."""
