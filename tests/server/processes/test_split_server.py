@@ -1,6 +1,6 @@
 """The real split server (supervisor, executor, two front ends) under load: one table of
-statistics whichever front end took a request; a front end killed with SIGKILL is replaced
-and no client hangs; the executor killed with SIGKILL fails every pending request at once and
+statistics whichever front end took a request; a front end killed with SIGKILL under HTTP
+and gRPC load is replaced and no client hangs; the executor killed with SIGKILL fails every pending request at once and
 the server exits 1 with no process left; front ends never import ONNX Runtime or CuPy."""
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+import numpy as np
 import psutil
 import pytest
 
 from scripts import make_models
+from server.generated import grpc_service_pb2 as pb
+from server.generated import grpc_service_pb2_grpc as pb_grpc
 from tests.server_process import ServerProcess, start_server
 
 FRONTENDS = 2
@@ -106,6 +110,51 @@ class Load(threading.Thread):
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
 
 
+class GrpcLoad(Load):
+    """ModelInfer calls on one channel (grpc reconnects it when its connection goes) until
+    stopped; a call still unanswered after 10 s is "hung"."""
+
+    def run(self) -> None:
+        data = np.arange(16, dtype=np.int32).tobytes()
+        request = pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[
+                pb.ModelInferRequest.InferInputTensor(name=name, datatype="INT32", shape=[1, 16])
+                for name in ("INPUT0", "INPUT1")
+            ],
+            raw_input_contents=[data, data],
+        )
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            while not self.stop.is_set():
+                try:
+                    reply = stub.ModelInfer(request, timeout=10)
+                    key = "OK"
+                    out = np.frombuffer(reply.raw_output_contents[0], np.int32).tolist()
+                    if out != [2 * i for i in range(16)]:
+                        self.wrong.append(str(out))
+                except grpc.RpcError as error:
+                    code = error.code()  # type: ignore[attr-defined]
+                    key = "hung" if code == grpc.StatusCode.DEADLINE_EXCEEDED else code.name
+                    if key == "UNAVAILABLE":
+                        time.sleep(0.01)  # reconnecting
+                self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+
+def _loads(server: ServerProcess) -> list[Load]:
+    """Two HTTP loads and two gRPC loads, started."""
+    assert server.port is not None and server.grpc_port is not None
+    loads = [Load(server.port), Load(server.port), GrpcLoad(server.grpc_port),
+             GrpcLoad(server.grpc_port)]
+    for load in loads:
+        load.start()
+    return loads
+
+
+def _answered(loads: list[Load]) -> int:
+    return sum(load.outcomes.get("200", 0) + load.outcomes.get("OK", 0) for load in loads)
+
+
 def test_statistics_count_every_request_once_whichever_front_end_took_it(
     server: ServerProcess,
 ) -> None:
@@ -173,10 +222,7 @@ def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> N
 def test_a_front_end_killed_under_load_is_replaced_and_no_client_hangs(
     server: ServerProcess,
 ) -> None:
-    assert server.port is not None
-    loads = [Load(server.port) for _ in range(4)]
-    for load in loads:
-        load.start()
+    loads = _loads(server)
     time.sleep(1.0)
     victim = _children(server, "frontend")[0]
     os.kill(victim.pid, signal.SIGKILL)
@@ -196,8 +242,9 @@ def test_a_front_end_killed_under_load_is_replaced_and_no_client_hangs(
         assert not load.is_alive()
         assert not load.wrong, load.wrong[:3]
         assert "hung" not in load.outcomes, load.outcomes
-    answered = sum(load.outcomes.get("200", 0) for load in loads)
-    assert answered > 20, [load.outcomes for load in loads]
+    assert _answered(loads) > 20, [load.outcomes for load in loads]
+    for load in loads[2:]:  # both gRPC loads were served (again) after the kill
+        assert load.outcomes.get("OK", 0) > 0, load.outcomes
     assert server.request("GET", "/v2/health/ready")[0] == 200
 
 
@@ -207,9 +254,7 @@ def test_the_executor_killed_under_load_fails_pending_requests_and_ends_the_serv
     server = start_server(models, args=(f"--frontends={FRONTENDS}",))
     try:
         assert server.port is not None, server.log
-        loads = [Load(server.port) for _ in range(4)]
-        for load in loads:
-            load.start()
+        loads = _loads(server)
         time.sleep(1.0)
         (executor,) = _children(server, "executor")
         os.kill(executor.pid, signal.SIGKILL)
@@ -228,10 +273,7 @@ def test_the_executor_killed_under_load_fails_pending_requests_and_ends_the_serv
 
 
 def test_sigterm_under_load_drains_and_leaves_no_process(server: ServerProcess) -> None:
-    assert server.port is not None
-    loads = [Load(server.port) for _ in range(4)]
-    for load in loads:
-        load.start()
+    loads = _loads(server)
     time.sleep(1.0)
     assert server.stop() == 0
     for load in loads:
@@ -240,9 +282,11 @@ def test_sigterm_under_load_drains_and_leaves_no_process(server: ServerProcess) 
         load.join(30)
         assert "hung" not in load.outcomes, load.outcomes
         assert not load.wrong, load.wrong[:3]
-        # Answered, refused while stopping (503), or the connection refused once closed.
-        assert set(load.outcomes) <= {"200", "503", "ConnectionRefusedError",
-                                      "RemoteDisconnected", "ConnectionResetError"}, load.outcomes
+        # Answered, refused while stopping (503 / UNAVAILABLE), or the connection refused once
+        # closed.
+        assert set(load.outcomes) <= {"200", "503", "ConnectionRefusedError", "OK",
+                                      "RemoteDisconnected", "ConnectionResetError",
+                                      "UNAVAILABLE"}, load.outcomes
     _assert_gone(server)
 
 
