@@ -216,6 +216,7 @@ def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -
         dataplane,
         pool,
         keepalive=settings.grpc_keepalive,
+        buffers=pool,
         restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
     )
     server.bind(settings.grpc_address, settings.grpc_port, tls.from_settings(settings))

@@ -25,17 +25,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from server import eager
+from server.errors import InferenceServerError
 from server.grpc.headers import RequestHead
-from server.grpc.status import AbortError, StatusCode
+from server.grpc.status import AbortError, StatusCode, status_code
+from server.memory.host_pool import PooledBuffer
 
 if TYPE_CHECKING:
     from server.grpc.connection import Http2Connection
 
 log = logging.getLogger("server.grpc")
 
+#: A request message as the handler gets it: its own bytes, or a view of a pooled buffer.
+Message = bytes | bytearray | memoryview
+
 #: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
 PREFIX_SIZE = 5
 DEADLINE_EXCEEDED = "Deadline Exceeded"
+#: A unary request message of a raw method (ModelInfer) at least this large is put together in
+#: a buffer of the service's pool (the front end's arena), read there straight from the socket:
+#: its tensors then cross to the executor, and with a GPU to the device, without another copy.
+POOLED_MESSAGE_BYTES = 1 << 16
 #: A call refused before its handler runs is answered at its first request message, or this
 #: long after its HEADERS if none comes (see ``Call.refuse``).
 REFUSAL_DELAY_S = 0.1
@@ -47,6 +56,12 @@ class CallContext(Protocol):
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
 
     async def abort(self, code: StatusCode, details: str) -> None: ...
+
+    @property
+    def request_buffer(self) -> PooledBuffer | None:
+        """The pooled buffer a unary request given as a ``memoryview`` lies in (None: the
+        request is ``bytes`` of its own)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class Call:
         "_left",
         "_message",
         "_messages",
+        "_pooled",
         "_prefix",
         "_reader",
         "_refusal",
@@ -136,10 +152,12 @@ class Call:
         self._prefix = b""
         self._flag = 0
         self._message: bytearray | None = None  # the message being put together
+        self._pooled: PooledBuffer | None = None  # ... or the pool's buffer it goes into
         self._left = 0  # its bytes still to come
-        self._messages: collections.deque[bytes] = collections.deque()
+        self._messages: collections.deque[Message] = collections.deque()
         self._reader: asyncio.Future[None] | None = None
-        self._request: bytes | None = None  # a unary request's one message
+        # a unary request's one message (a view of ``_pooled`` when pooled)
+        self._request: Message | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._finished = False
@@ -158,6 +176,10 @@ class Call:
 
     def peer(self) -> str:
         return self.connection.peer
+
+    @property
+    def request_buffer(self) -> PooledBuffer | None:
+        return self._pooled if self._left == 0 else None
 
     # --- start ----------------------------------------------------------------------------
 
@@ -213,7 +235,7 @@ class Call:
             return
         pos, end = 0, len(chunk)
         while pos < end:
-            if self._message is None:
+            if self._left == 0:  # at a message's prefix
                 if not self._prefix and end - pos >= PREFIX_SIZE:
                     flag, length = chunk[pos], int.from_bytes(chunk[pos + 1 : pos + 5], "big")
                     pos += PREFIX_SIZE
@@ -226,19 +248,69 @@ class Call:
                     flag, length = self._prefix[0], int.from_bytes(self._prefix[1:], "big")
                     self._prefix = b""
                 self._check(flag, length)
-                if end - pos >= length:  # all of it here (a small message, nearly always)
+                if length >= POOLED_MESSAGE_BYTES and not flag and self._pools():
+                    self._pool_message(length)
+                elif end - pos >= length:  # all of it here (a small message, nearly always)
                     self._deliver(flag, chunk[pos : pos + length].tobytes())
                     pos += length
                     continue
+                else:
+                    self._message = bytearray()
                 self._flag, self._left = flag, length
-                self._message = bytearray()
             taken_view = chunk[pos : pos + self._left]
-            self._message += taken_view
             pos += len(taken_view)
-            self._left -= len(taken_view)
-            if self._left == 0:
+            self.filled(taken_view)
+
+    def _pools(self) -> bool:
+        """Whether this call's request message goes into a pooled buffer."""
+        method = self.method
+        return (
+            self.connection.service.buffers is not None
+            and method is not None
+            and method.deserialize is None
+            and not method.request_streaming
+            and self._request is None
+        )
+
+    def _pool_message(self, length: int) -> None:
+        buffers = self.connection.service.buffers
+        assert buffers is not None
+        try:
+            self._pooled = buffers.acquire(length)
+        except InferenceServerError as error:  # the arena is full: refused before storing
+            raise CallError(status_code(error), error.message) from None
+        self._message = None
+
+    @property
+    def pooled_space(self) -> memoryview | None:
+        """Where the rest of the pooled message being read goes (None: no such message)."""
+        pooled = self._pooled
+        if pooled is None or self._left == 0:
+            return None
+        return pooled.view[len(pooled.view) - self._left :]
+
+    def filled(self, part: memoryview) -> None:
+        """``part`` of the message being read, copied into place."""
+        if self._message is not None:
+            self._message += part
+        elif self._pooled is not None:
+            view = self._pooled.view
+            start = len(view) - self._left
+            view[start : start + len(part)] = part
+        self._advance(len(part))
+
+    def filled_in_place(self, nbytes: int) -> None:
+        """``nbytes`` of the message were read straight into ``pooled_space``."""
+        self._advance(nbytes)
+
+    def _advance(self, taken: int) -> None:
+        self._left -= taken
+        if self._left == 0:
+            if self._message is not None:
                 message, self._message = self._message, None
-                self._deliver(self._flag, bytes(message))
+                self._deliver(self._flag, message)
+            elif self._pooled is not None:
+                self._deliver(self._flag, self._pooled.view)
 
     def _check(self, flag: int, length: int) -> None:
         if flag > 1:
@@ -254,7 +326,7 @@ class Call:
         ):
             raise CallError(StatusCode.INTERNAL, "more than one request message in a unary call")
 
-    def _deliver(self, flag: int, message: bytes) -> None:
+    def _deliver(self, flag: int, message: Message) -> None:
         if flag:
             message = self._decompress(message)
         if self.method is not None and self.method.request_streaming:
@@ -263,7 +335,7 @@ class Call:
         else:
             self._request = message
 
-    def _decompress(self, message: bytes) -> bytes:
+    def _decompress(self, message: Message) -> bytes:
         encoding = self.head.encoding
         limit = self.connection.service.max_message_size
         try:
@@ -298,8 +370,9 @@ class Call:
         if method.request_streaming:
             self._wake_reader()
             return
-        if self._message is not None or self._prefix:
+        if self._left or self._prefix:
             self.finish(StatusCode.INTERNAL, "the request ended inside a message")
+            self._release_pooled()
             self.connection.call_done(self)
         elif self._request is None:
             self.finish(StatusCode.INTERNAL, "Missing request message")
@@ -311,7 +384,7 @@ class Call:
             else:
                 self._run(self._serve_unary(request))
 
-    async def read(self) -> bytes | None:
+    async def read(self) -> Message | None:
         """The next request message of a streaming call; None once the client has sent all."""
         while not self._messages:
             if self.remote_closed:
@@ -332,11 +405,17 @@ class Call:
 
     # --- the handler ----------------------------------------------------------------------
 
-    async def _serve_unary(self, request: bytes) -> None:
+    async def _serve_unary(self, request: Message) -> None:
+        try:
+            await self._answer_unary(request)
+        finally:
+            self._release_pooled()
+
+    async def _answer_unary(self, request: Message) -> None:
         method = self.method
         assert method is not None
         try:
-            argument = request if method.deserialize is None else method.deserialize(request)
+            argument = request if method.deserialize is None else method.deserialize(bytes(request))
         except Exception:  # noqa: BLE001 - the client's bytes
             self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
             return
@@ -414,13 +493,22 @@ class Call:
             self._timer.cancel()
             self._timer = None
 
+    def _release_pooled(self) -> None:
+        """The pooled request's buffer goes back (its handler, which the executor answers only
+        once it no longer reads the request, is over; or it never ran)."""
+        pooled, self._pooled = self._pooled, None
+        if pooled is not None:
+            pooled.release()
+
     def cancel(self) -> None:
         """Nobody waits for the answer (the client reset the stream, the connection is gone,
         the deadline passed): stop the handler."""
         self._finished = True
         self._stop_timer()
         if self.task is not None:
-            self.task.cancel()
+            self.task.cancel()  # it frees the pooled request when it ends
+        else:
+            self._release_pooled()  # no handler holds the request
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
         waiters, self.waiters = self.waiters, collections.deque()
@@ -452,10 +540,11 @@ class _Requests:
         if method is None or method.deserialize is None:
             return message
         try:
-            return method.deserialize(message)
+            return method.deserialize(bytes(message))
         except Exception:  # noqa: BLE001 - the client's bytes
             raise AbortError(StatusCode.INTERNAL, "Exception deserializing request!") from None
 
 
 RequestIterator = AsyncIterator[Any]
 Handler = Callable[[Any, CallContext], Awaitable[Any]]
+

@@ -41,6 +41,7 @@ from server.grpc.call import PREFIX_SIZE, Call, CallError, Method
 from server.grpc.frames import ErrorCode, Setting
 from server.grpc.headers import HeaderError, RequestHead, RequestHeaderDecoder
 from server.grpc.status import StatusCode, encode_message, status_code
+from server.memory.host_pool import BufferSource
 from server.settings import GrpcKeepalive
 
 log = logging.getLogger("server.grpc")
@@ -59,6 +60,9 @@ MAX_HEADER_LIST_SIZE = 1 << 16
 _MAX_HEADER_BLOCK = 1 << 16
 #: The size of each read, and the buffer it lands in.
 _READ_BYTES = 1 << 16
+#: A pooled message with at least this much of a DATA frame still to come is read straight
+#: into its buffer.
+_DIRECT_BYTES = 1 << 14
 #: A DATA message part at most this large is copied into one write with its frames.
 _JOIN_BYTES = 1 << 14
 
@@ -87,8 +91,12 @@ class GrpcService:
         keepalive: GrpcKeepalive,
         refusal: Callable[[Method, RequestHead], InferenceServerError | None] | None = None,
         max_message_size: int = (1 << 31) - 1,
+        buffers: BufferSource | None = None,
     ) -> None:
+        """``buffers``: where large unary requests of raw methods are received (the front
+        end's arena; the host pool in one process); None: in memory of their own."""
         self.methods = methods
+        self.buffers = buffers
         self.keepalive = keepalive
         self.refusal = refusal
         self.max_message_size = max_message_size
@@ -140,6 +148,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._data_call: Call | None = None
         self._data_left = 0
         self._data_end = False
+        # The call whose pooled message the last read went straight into (get_buffer).
+        self._direct: Call | None = None
         # Flow control. What the client may still send on the connection, and what it has
         # sent that its window has not been given back for; what the server may send.
         self._recv_window = CONNECTION_WINDOW
@@ -231,6 +241,14 @@ class Http2Connection(asyncio.BufferedProtocol):
     # --- reading --------------------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        call = self._data_call
+        if call is not None and self._data_left >= _DIRECT_BYTES and self._start == self._end:
+            space = call.pooled_space
+            if space is not None and len(space) >= _DIRECT_BYTES:
+                # Nothing unparsed before it: the rest of this DATA frame goes straight where
+                # the message belongs (one copy, the kernel's, from the socket to the pool).
+                self._direct = call
+                return space[: self._data_left]
         if len(self._buffer) - self._end < _READ_BYTES // 4:
             self._make_room(_READ_BYTES)
         return self._view[self._end :]
@@ -249,10 +267,18 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._view = memoryview(bigger)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
         self._batch = []
         try:
-            self._parse()
+            direct, self._direct = self._direct, None
+            if direct is not None:
+                self._data_left -= nbytes
+                if not direct.local_closed:
+                    direct.filled_in_place(nbytes)
+                if self._data_left == 0:
+                    self._data_done()
+            else:
+                self._end += nbytes
+                self._parse()
         except ConnectionError_ as exc:
             self._fail(exc.code, exc.debug)
         finally:

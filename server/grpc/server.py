@@ -20,7 +20,7 @@ from server.grpc.connection import MAX_CONCURRENT_STREAMS, GrpcService
 from server.grpc.health import NOT_SERVING, SERVING, HealthService
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.listener import Listener
-from server.memory.host_pool import HostBufferPool
+from server.memory.host_pool import BufferSource, HostBufferPool
 from server.plane import Plane
 from server.restricted import Restrictions
 from server.settings import GrpcKeepalive
@@ -78,9 +78,12 @@ class GrpcServer:
         pool: HostBufferPool | None = None,
         keepalive: GrpcKeepalive | None = None,
         restrictions: Restrictions | None = None,
+        buffers: BufferSource | None = None,
     ) -> None:
-        """``restrictions``: ``--grpc-restricted-protocol``'s (checked per call when some
-        category is restricted; none costs nothing)."""
+        """``pool``: pinned buffers for raw inputs (one process with a GPU); ``buffers``:
+        where large requests are received (``GrpcService``); ``restrictions``:
+        ``--grpc-restricted-protocol``'s (checked per call when some category is restricted;
+        none costs nothing)."""
         self._dataplane = dataplane
         self._health = HealthService()
         self._service = GrpcService(
@@ -88,6 +91,7 @@ class GrpcServer:
             keepalive or GrpcKeepalive(),
             restriction.refusal(restrictions) if restrictions else None,
             MAX_MESSAGE_SIZE,
+            buffers,
         )
         self._sockets: list[socket.socket] = []
         self._ssl: ssl.SSLContext | None = None

@@ -196,13 +196,17 @@ class InferenceServicer:
         )
 
     @_unary
-    async def ModelInfer(self, request: bytes, context: Context) -> bytes:
-        """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice."""
+    async def ModelInfer(self, request: bytes | memoryview, context: Context) -> bytes:
+        """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice. A
+        large request arrives as a view of the pool's buffer the transport received it in
+        (``context.request_buffer``): pinned with a GPU, or the front end's arena."""
         received = time.perf_counter_ns()
-        # (With a GPU the raw inputs are copied into pinned memory, small ones too.)
-        message, raw = grpc_codec.split_request(request, not self._pins())
+        # (With a GPU the raw inputs are copied into pinned memory, small ones too, unless
+        # they were received there.)
+        pinned = getattr(context.request_buffer, "pinned", False)
+        message, raw = grpc_codec.split_request(request, not self._pins() or pinned)
         trace = TraceContext("GRPC", received, time.perf_counter_ns(), _traceparent(context))
-        return await self._infer(message, raw, len(request), trace)
+        return await self._infer(message, raw, len(request), trace, pinned)
 
     async def _infer(
         self,
@@ -210,11 +214,14 @@ class InferenceServicer:
         raw: list[memoryview] | None,
         size: int,
         trace: TraceContext,
+        received_pinned: bool = False,
     ) -> bytes:
         """The serialized ``ModelInferResponse``: ``_replies`` without an async generator,
         which unary calls (most of them) need not pay for."""
         with self._dataplane.gate.admit():
-            _, decoded, pinned = await self._prepare(request, raw, size, False, trace)
+            _, decoded, pinned = await self._prepare(
+                request, raw, size, False, trace, received_pinned
+            )
             try:
                 response = await self._dataplane.infer(decoded)
                 return await self._encoded(response, False, True)
@@ -259,14 +266,15 @@ class InferenceServicer:
         size: int,
         stream: bool,
         trace: TraceContext | None,
+        received_pinned: bool = False,
     ) -> tuple[ModelSpec | None, InferRequest, HostBuffer | None]:
         """The model's spec, the decoded request, and the pinned buffer its raw inputs were
-        copied into (the caller releases it)."""
+        copied into (the caller releases it; none when they were received pinned)."""
         # Resolve the model first: an unknown model is reported as such whatever the body.
         spec = await self._dataplane.model_spec(request.model_name, request.model_version)
         if spec is not None and spec.decoupled and not stream:  # (test doubles may have none)
             raise Unsupported(MODEL_INFER_DECOUPLED)
-        pinned = self._pinned_buffer(raw)
+        pinned = None if received_pinned else self._pinned_buffer(raw)
         try:
             # The copy into pinned memory, typed contents and BYTES elements (converted one
             # by one) are work of the size of the message: off the loop when large.

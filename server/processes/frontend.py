@@ -45,6 +45,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         grpc_server = GrpcServer(
             client,
             keepalive=settings.grpc_keepalive,
+            buffers=pool,
             restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
         )
         grpc_server.bind(

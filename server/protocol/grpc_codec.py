@@ -311,14 +311,15 @@ SPLIT_ABOVE_BYTES = 1 << 16
 
 
 def split_request(
-    data: bytes, whole_if_small: bool = True
+    data: bytes | bytearray | memoryview, whole_if_small: bool = True
 ) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
     """Parse a serialized ``ModelInferRequest`` without copying its tensor bytes: the message
     without ``raw_input_contents``, and those contents as views of ``data``. With
     ``whole_if_small``, a small one is parsed whole (None: its contents are the message's)."""
     if whole_if_small and len(data) <= SPLIT_ABOVE_BYTES:
         try:
-            return pb.ModelInferRequest.FromString(data), None
+            whole = data if isinstance(data, bytes) else bytes(data)
+            return pb.ModelInferRequest.FromString(whole), None
         except DecodeError as exc:
             raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
     view = memoryview(data)

@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from tornado.netutil import bind_sockets
 
+from server.errors import Unavailable
 from server.grpc import connection as grpc_connection
 from server.grpc.call import REFUSAL_DELAY_S, CallContext, Method
 from server.grpc.connection import CONNECTION_WINDOW, MAX_FRAME_SIZE, STREAM_WINDOW, GrpcService
@@ -37,9 +38,11 @@ class Handlers:
         self.started = 0
         self.cancelled = 0
         self.read: list[bytes] = []
+        self.buffers: list[Any] = []  # each call's context.request_buffer
 
     async def echo(self, request: bytes, context: CallContext) -> bytes:
-        return request
+        self.buffers.append(context.request_buffer)
+        return bytes(request)
 
     async def block(self, request: bytes, context: CallContext) -> bytes:
         """Waits for ``release``; a cancellation ends it only once released too (as a request
@@ -81,13 +84,17 @@ class Handlers:
 class Server:
     """A ``GrpcService`` on its own loop in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, keepalive: GrpcKeepalive, max_message_size: int) -> None:
+    def __init__(
+        self, keepalive: GrpcKeepalive, max_message_size: int, buffers: Any = None
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.handlers = self.run(self._handlers())
         refusal = _refuse_secret
-        self.service = GrpcService(self.handlers.methods(), keepalive, refusal, max_message_size)
+        self.service = GrpcService(
+            self.handlers.methods(), keepalive, refusal, max_message_size, buffers
+        )
         sockets = bind_sockets(0, "127.0.0.1")
         self.port = sockets[0].getsockname()[1]
         self.listener = self.run(self._listen(sockets))
@@ -125,9 +132,9 @@ def _refuse_secret(method: Method, head: Any) -> Any:
 
 @contextmanager
 def serving(
-    keepalive: GrpcKeepalive | None = None, max_message_size: int = 1 << 30
+    keepalive: GrpcKeepalive | None = None, max_message_size: int = 1 << 30, buffers: Any = None
 ) -> Iterator[Server]:
-    server = Server(keepalive or GrpcKeepalive(), max_message_size)
+    server = Server(keepalive or GrpcKeepalive(), max_message_size, buffers)
     try:
         yield server
     finally:
@@ -401,3 +408,81 @@ def test_going_away_finishes_open_calls_then_closes() -> None:
         assert future.result() == b"open"
         server.run(asyncio.wait_for(connection.closed, 5))
         assert echo(b"again", timeout=5) == b"again"
+
+
+class Buffer:
+    def __init__(self, nbytes: int) -> None:
+        self.view = memoryview(bytearray(nbytes))
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class Pool:
+    """A buffer source recording what it handed out; ``full`` refuses as a full arena does."""
+
+    def __init__(self) -> None:
+        self.given: list[Buffer] = []
+        self.full = False
+
+    def acquire(self, nbytes: int) -> Buffer:
+        if self.full:
+            raise Unavailable("the server is busy: no free block")
+        self.given.append(Buffer(nbytes))
+        return self.given[-1]
+
+
+@pytest.mark.parametrize("frame_size", [16_384, 100_000, 1 << 20])
+def test_a_large_request_is_received_into_a_pooled_buffer(frame_size: int) -> None:
+    """The handler gets a view of the pool's buffer (filled straight from the socket where a
+    DATA frame allows), which goes back once the handler is over; small requests and
+    streaming calls are not pooled."""
+    pool = Pool()
+    payload = bytes(range(256)) * 1000
+    wire = grpc_message(payload)
+    with serving(buffers=pool) as server, client(server) as raw:
+        stream = raw.start("/t/echo")
+        for start in range(0, len(wire), frame_size):
+            raw.h2.send_data(stream, wire[start : start + frame_size])
+            raw.flush()
+        raw.h2.end_stream(stream)
+        raw.flush()
+        assert raw.finish(stream).messages() == [payload]
+        [buffer] = pool.given
+        assert server.handlers.buffers == [buffer]
+        assert bytes(buffer.view) == payload and buffer.released == 1
+        assert raw.call("/t/echo", b"small").messages() == [b"small"]
+        assert len(pool.given) == 1 and server.handlers.buffers[-1] is None
+
+
+def test_a_pooled_request_given_up_returns_its_buffer() -> None:
+    pool = Pool()
+    wire = grpc_message(b"p" * 200_000)
+    with serving(buffers=pool) as server, client(server) as raw:
+        stream = raw.start("/t/echo")
+        raw.h2.send_data(stream, wire[:100_000])
+        raw.flush()
+        raw.wait(lambda: bool(pool.given))
+        raw.h2.reset_stream(stream, ErrorCodes.CANCEL)
+        raw.flush()
+        raw.wait(lambda: pool.given[0].released == 1)
+        assert pool.given[0].released == 1
+        stream = raw.start("/t/echo")
+        raw.h2.send_data(stream, wire[:100_000])
+        raw.flush()
+        raw.wait(lambda: len(pool.given) == 2)
+    assert pool.given[1].released == 1  # the connection closed mid-message
+
+
+def test_a_full_pool_refuses_the_request_before_storing_it() -> None:
+    pool = Pool()
+    pool.full = True
+    with serving(buffers=pool) as server, client(server) as raw:
+        response = raw.call("/t/echo", b"q" * 200_000)
+        assert (response.status, response.message) == (
+            StatusCode.UNAVAILABLE, "the server is busy: no free block"
+        )
+        assert server.handlers.buffers == []
+        pool.full = False
+        assert raw.call("/t/echo", b"r" * 200_000).messages() == [b"r" * 200_000]
