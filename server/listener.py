@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from ssl import SSLContext
 from typing import Any, Protocol
 
 from server.logs import RepeatingError
@@ -31,6 +32,36 @@ class Service(Protocol):
     """What serves the accepted connections."""
 
     def adopt(self, sock: socket.socket, address: Any) -> None: ...
+
+
+class Adopter:
+    """Hands accepted sockets to the event loop with a protocol of their service's, keeping
+    the tasks that set them up until they are done (a failed TLS handshake is logged)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def adopt(
+        self,
+        sock: socket.socket,
+        protocol: Callable[[], asyncio.BaseProtocol],
+        ssl: SSLContext | None = None,
+    ) -> None:
+        """Serve ``sock`` with ``protocol()`` (TCP_NODELAY set on TCP: answers go out as
+        written)."""
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(protocol, sock, ssl=ssl))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("a %s connection could not be served: %s", self._name, task.exception())
 
 
 class Listener:

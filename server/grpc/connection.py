@@ -41,6 +41,7 @@ from server.grpc.call import PREFIX_SIZE, Call, CallError, Method
 from server.grpc.frames import ErrorCode, Setting
 from server.grpc.headers import HeaderError, RequestHead, RequestHeaderDecoder
 from server.grpc.status import StatusCode, encode_message, status_code
+from server.listener import Adopter
 from server.memory.host_pool import BufferSource
 from server.settings import GrpcKeepalive
 
@@ -102,26 +103,11 @@ class GrpcService:
         self.max_message_size = max_message_size
         self.ssl: ssl.SSLContext | None = None  # TLS for every connection when set
         self.connections: set[Http2Connection] = set()
-        self._adopting: set[asyncio.Task[Any]] = set()
+        self._adopter = Adopter("gRPC")
 
     def adopt(self, sock: socket.socket, address: Any) -> None:
         """Serve the accepted connection ``sock``."""
-        sock.setblocking(False)
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(
-            loop.connect_accepted_socket(
-                lambda: Http2Connection(self, address), sock, ssl=self.ssl
-            )
-        )
-        self._adopting.add(task)
-        task.add_done_callback(self._adopted)
-
-    def _adopted(self, task: asyncio.Task[Any]) -> None:
-        self._adopting.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # a failed TLS handshake
-            log.info("a gRPC connection could not be served: %s", task.exception())
+        self._adopter.adopt(sock, lambda: Http2Connection(self, address), self.ssl)
 
 
 class Http2Connection(asyncio.BufferedProtocol):
@@ -527,12 +513,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         if stream == 0 or stream > self._last_stream:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on stream {stream}")
-        call = self._streams.get(stream)
-        if call is not None:
-            call.remote_closed = call.local_closed = True
-            call.cancel()
-            self._blocked.pop(stream, None)
-            self.call_done(call)
+        self._drop(stream)
 
     def _window_update_frame(self, stream: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -749,6 +730,10 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _reset(self, stream: int, code: ErrorCode) -> None:
         """Reset a stream (a stream error)."""
         self._write(frames.rst_stream(stream, code))
+        self._drop(stream)
+
+    def _drop(self, stream: int) -> None:
+        """The stream has ended both ways, answered or not: its handler is stopped."""
         call = self._streams.get(stream)
         if call is not None:
             call.remote_closed = call.local_closed = True

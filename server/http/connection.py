@@ -26,6 +26,7 @@ from tornado.log import app_log, gen_log
 
 from server.http.exchange import Exchange
 from server.http.headers import RequestHeaders
+from server.listener import Adopter
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +81,11 @@ class HttpService:
         self.idle_timeout_secs = idle_timeout_secs
         self.body_timeout_secs = body_timeout_secs
         self.connections: set[HttpConnection] = set()
-        self._adopting: set[asyncio.Task[Any]] = set()
+        self._adopter = Adopter("HTTP")
 
     def adopt(self, sock: socket.socket, address: Any) -> None:
         """Serve the accepted connection ``sock``."""
-        sock.setblocking(False)
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(
-            loop.connect_accepted_socket(lambda: HttpConnection(self, address), sock)
-        )
-        self._adopting.add(task)
-        task.add_done_callback(self._adopted)
-
-    def _adopted(self, task: asyncio.Task[Any]) -> None:
-        self._adopting.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.info("a connection could not be served: %s", task.exception())
+        self._adopter.adopt(sock, lambda: HttpConnection(self, address))
 
     async def close_all_connections(self) -> None:
         """Close every connection now, and wait until each is gone."""
