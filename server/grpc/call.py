@@ -18,9 +18,8 @@ import asyncio
 import collections
 import gzip
 import logging
-import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,7 +91,6 @@ class Call:
     """One stream of ``connection``, id ``stream_id``, calling ``method``."""
 
     __slots__ = (
-        "_deadline",
         "_finished",
         "_flag",
         "_left",
@@ -159,7 +157,6 @@ class Call:
         # a unary request's one message (a view of ``_pooled`` when pooled)
         self._request: Message | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._deadline: float | None = None
         self._finished = False
         self._refusal: tuple[StatusCode, str] | None = None
 
@@ -170,12 +167,6 @@ class Call:
 
     async def abort(self, code: StatusCode, details: str) -> None:
         raise AbortError(code, details)
-
-    def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
-
-    def peer(self) -> str:
-        return self.connection.peer
 
     @property
     def request_buffer(self) -> PooledBuffer | None:
@@ -188,7 +179,6 @@ class Call:
         reads them as they come), else once the request is complete."""
         timeout = self.head.timeout
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
             self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
         method = self.method
         assert method is not None
@@ -544,7 +534,4 @@ class _Requests:
         except Exception:  # noqa: BLE001 - the client's bytes
             raise AbortError(StatusCode.INTERNAL, "Exception deserializing request!") from None
 
-
-RequestIterator = AsyncIterator[Any]
-Handler = Callable[[Any, CallContext], Awaitable[Any]]
 

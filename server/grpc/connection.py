@@ -23,29 +23,30 @@ What the connection does, as grpc core does on a server:
 - Pings and the connection's age: ``server.grpc.keepalive``.
 - A malformed frame closes the connection with GOAWAY and the error code; a malformed stream
   is reset.
+
+The layers: ``server.grpc.streams`` (the streams and what the server sends),
+``server.grpc.control`` (control frames, errors, timers), and this module (reading frames,
+HEADERS starting calls, DATA feeding them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from server.errors import InferenceServerError
-from server.grpc import frames, headers, keepalive
-from server.grpc.call import PREFIX_SIZE, Call, CallError, Method
+from server.grpc import frames, headers
+from server.grpc.call import Call, CallError, Method
+from server.grpc.control import ConnectionError_, Http2Control
 from server.grpc.frames import ErrorCode, Setting
 from server.grpc.headers import HeaderError, RequestHead, RequestHeaderDecoder
-from server.grpc.status import StatusCode, encode_message, status_code
+from server.grpc.status import StatusCode, status_code
 from server.listener import Adopter
 from server.memory.host_pool import BufferSource
 from server.settings import GrpcKeepalive
-
-log = logging.getLogger("server.grpc")
 
 #: Streams one connection may have at once (Triton sets no limit; grpc core's default is
 #: unlimited). grpc clients wait for a free stream instead of opening more.
@@ -64,22 +65,8 @@ _READ_BYTES = 1 << 16
 #: A pooled message with at least this much of a DATA frame still to come is read straight
 #: into its buffer.
 _DIRECT_BYTES = 1 << 14
-#: A DATA message part at most this large is copied into one write with its frames.
-_JOIN_BYTES = 1 << 14
-
-_RESPONSE = headers.RESPONSE
-_OK_TRAILERS = headers.OK_TRAILERS
 _END_HEADERS = frames.END_HEADERS
 _END_STREAM = frames.END_STREAM
-
-
-class ConnectionError_(Exception):
-    """Ends the connection with GOAWAY ``code``."""
-
-    def __init__(self, code: ErrorCode, debug: str) -> None:
-        super().__init__(debug)
-        self.code = code
-        self.debug = debug
 
 
 class GrpcService:
@@ -110,23 +97,18 @@ class GrpcService:
         self._adopter.adopt(sock, lambda: Http2Connection(self, address), self.ssl)
 
 
-class Http2Connection(asyncio.BufferedProtocol):
+class Http2Connection(Http2Control):
     """One client's connection: its frames, streams (``Call``) and windows."""
 
     def __init__(self, service: GrpcService, address: Any) -> None:
+        super().__init__(service.keepalive, _peer(address))
         self.service = service
-        self.peer = _peer(address)
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
         self._buffer = bytearray(_READ_BYTES)
         self._view = memoryview(self._buffer)
         self._start = 0  # unparsed bytes are _buffer[_start:_end]
         self._end = 0
         self._preface = True  # the client's preface is still to come
-        self._settings_seen = False
         self._decoder = RequestHeaderDecoder(MAX_HEADER_LIST_SIZE)
-        self._streams: dict[int, Call] = {}
-        self._last_stream = 0
         # A header block still taking CONTINUATION frames: stream, END_STREAM, its bytes.
         self._continuation: tuple[int, bool, bytearray] | None = None
         # The DATA frame whose payload is being read: stream (its call, None to drop the
@@ -136,24 +118,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._data_end = False
         # The call whose pooled message the last read went straight into (get_buffer).
         self._direct: Call | None = None
-        # Flow control. What the client may still send on the connection, and what it has
-        # sent that its window has not been given back for; what the server may send.
+        # What the client may still send on the connection, and what it has sent that its
+        # window has not been given back for.
         self._recv_window = CONNECTION_WINDOW
         self._recv_unacked = 0
-        self._send_window = frames.DEFAULT_WINDOW
-        self._peer_initial_window = frames.DEFAULT_WINDOW
-        self._peer_max_frame = frames.DEFAULT_MAX_FRAME_SIZE
-        self._table_update = b""  # an HPACK table size update owed to the client
-        self._table_size = 4096  # the HPACK table size the client's decoder expects of us
-        self._blocked: dict[int, Call] = {}  # streams waiting for window or the transport
-        self._paused = False  # the transport's buffer is full
-        self._batch: list[bytes | memoryview] | None = None  # writes held while parsing
-        # Going away: the last stream served after GOAWAY, or None.
-        self._goaway: int | None = None
-        self._pings = keepalive.PingPolicy(service.keepalive)
-        self._keepalive = keepalive.KeepalivePings(service.keepalive)
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._ping_sent = False
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # --- the transport --------------------------------------------------------------------
@@ -173,16 +141,11 @@ class Http2Connection(asyncio.BufferedProtocol):
             )
             + frames.window_update(0, CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
         )
-        self._schedule_keepalive()
-        age = keepalive.connection_age_s(self.service.keepalive)
-        if age is not None:
-            self._timers["age"] = self._loop.call_later(age, self._too_old)
+        self._start_timers()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self._stop_timers()
         streams, self._streams = self._streams, {}
         for call in streams.values():
             call.remote_closed = call.local_closed = True
@@ -190,39 +153,6 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._blocked.clear()
         if not self.closed.done():
             self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        self._flush_blocked()
-
-    def _write(self, data: bytes | memoryview) -> None:
-        if self._batch is not None:
-            self._batch.append(data)
-        elif self._transport is not None:
-            self._transport.write(data)
-
-    def _write_parts(self, parts: list[bytes | memoryview]) -> None:
-        if self._batch is not None:
-            self._batch.extend(parts)
-        elif self._transport is not None:
-            self._transport.writelines(parts)
-
-    def _write_batch(self) -> None:
-        """Write what was held while parsing."""
-        batch, self._batch = self._batch, None
-        if batch and self._transport is not None:
-            self._transport.writelines(batch)
-
-    def close(self) -> None:
-        """Close the connection once what was written has been sent; later writes are
-        dropped."""
-        self._write_batch()
-        transport, self._transport = self._transport, None
-        if transport is not None:
-            transport.close()
 
     # --- reading --------------------------------------------------------------------------
 
@@ -506,283 +436,27 @@ class Http2Connection(asyncio.BufferedProtocol):
             call.recv_window += call.unacked
             call.unacked = 0
 
-    # --- other frames ---------------------------------------------------------------------
 
-    def _rst_stream_frame(self, stream: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        if stream == 0 or stream > self._last_stream:
-            raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on stream {stream}")
-        self._drop(stream)
 
-    def _window_update_frame(self, stream: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
-        increment = frames.read_u32(payload) & 0x7FFFFFFF
-        if stream == 0:
-            if increment == 0:
-                raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-            self._send_window += increment
-            if self._send_window > frames.LARGEST_WINDOW:
-                raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "the window overflowed")
-            self._flush_blocked()
-            return
-        if stream > self._last_stream:
-            raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle {stream}")
-        call = self._streams.get(stream)
-        if call is None or call.local_closed:
-            return
-        if increment == 0:
-            self._reset(stream, ErrorCode.PROTOCOL_ERROR)
-            return
-        call.send_window += increment
-        if call.send_window > frames.LARGEST_WINDOW:
-            self._reset(stream, ErrorCode.FLOW_CONTROL_ERROR)
-            return
-        self._flush(call)
 
-    def _settings_frame(self, flags: int, stream: int, payload: memoryview) -> None:
-        if stream:
-            raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & frames.ACK:
-            if payload:
-                raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
-        self._settings_seen = True
-        for key, value in frames.read_settings(payload):
-            if key == Setting.INITIAL_WINDOW_SIZE:
-                if value > frames.LARGEST_WINDOW:
-                    raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "initial window too large")
-                delta, self._peer_initial_window = value - self._peer_initial_window, value
-                for call in self._streams.values():
-                    call.send_window += delta
-            elif key == Setting.MAX_FRAME_SIZE:
-                if not frames.DEFAULT_MAX_FRAME_SIZE <= value <= frames.LARGEST_FRAME_SIZE:
-                    raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "invalid max frame size")
-                self._peer_max_frame = value
-            elif key == Setting.ENABLE_PUSH and value > 1:
-                raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "invalid ENABLE_PUSH")
-            elif key == Setting.HEADER_TABLE_SIZE and value < self._table_size:
-                # Our blocks use no dynamic table; the client's decoder is still told its
-                # new size is ours (RFC 7541 section 4.2).
-                self._table_size = value
-                self._table_update = headers.table_size_update(value)
-        self._write(frames.SETTINGS_ACK)
-        for call in list(self._streams.values()):  # a larger initial window may free any
-            if call.outgoing or call.trailers is not None:
-                self._flush(call)
 
-    def _ping_frame(self, flags: int, stream: int, payload: memoryview) -> None:
-        if stream:
-            raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "PING of the wrong size")
-        if flags & frames.ACK:
-            self._ping_sent = False
-            timer = self._timers.pop("ping timeout", None)
-            if timer is not None:
-                timer.cancel()
-            return
-        self._write(frames.ping(payload.tobytes(), ack=True))
-        if self._pings.too_many(time.monotonic(), not self._streams):
-            raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, "too_many_pings")
 
-    # --- writing --------------------------------------------------------------------------
 
-    def _write_headers(self, stream: int, block: bytes, end_stream: bool) -> None:
-        if self._table_update:
-            block, self._table_update = self._table_update + block, b""
-        flags = _END_HEADERS | _END_STREAM if end_stream else _END_HEADERS
-        self._write(frames.header(frames.HEADERS, flags, stream, len(block)) + block)
-        self._pings.forgive()
-        self._keepalive.data_sent()
 
-    def reply(self, call: Call, payload: bytes) -> None:
-        """A unary call's answer: HEADERS, the message, and OK trailers."""
-        if call.local_closed:
-            return
-        size = len(payload) + PREFIX_SIZE
-        if (
-            size > self._send_window or size > call.send_window or size > self._peer_max_frame
-            or self._paused or self._table_update or call.headers_sent
-        ):
-            self.send_message(call, payload)
-            self.send_status(call, StatusCode.OK, "")
-            return
-        self._send_window -= size
-        stream = call.id
-        head = (
-            frames.header(frames.HEADERS, _END_HEADERS, stream, len(_RESPONSE)) + _RESPONSE
-            + frames.header(frames.DATA, 0, stream, size)
-            + b"\x00" + len(payload).to_bytes(4, "big")
-        )
-        tail = frames.header(frames.HEADERS, _END_HEADERS | _END_STREAM, stream,
-                             len(_OK_TRAILERS)) + _OK_TRAILERS
-        if len(payload) <= _JOIN_BYTES:
-            self._write(head + payload + tail)
-        else:
-            self._write_parts([head, payload, tail])
-        self._pings.forgive()
-        self._keepalive.data_sent()
-        self._closed_locally(call)
 
-    def send_message(self, call: Call, payload: bytes) -> asyncio.Future[None] | None:
-        """Queue one response message; None once it is all written, else a future that
-        is done when it is."""
-        if call.local_closed:
-            return None
-        if not call.headers_sent:
-            call.headers_sent = True
-            self._write_headers(call.id, _RESPONSE, False)
-        call.outgoing.append(b"\x00" + len(payload).to_bytes(4, "big"))
-        call.outgoing.append(payload)
-        call.queued += len(payload) + PREFIX_SIZE
-        self._flush(call)
-        if call.sent >= call.queued or call.local_closed:
-            return None
-        written: asyncio.Future[None] = self._loop.create_future()
-        call.waiters.append((call.queued, written))
-        return written
 
-    def send_status(self, call: Call, code: StatusCode, message: str) -> None:
-        """End ``call`` with its status: trailers after its messages, or trailers alone."""
-        if call.local_closed:
-            return
-        if code == StatusCode.OK and not message:
-            block = _OK_TRAILERS
-        else:
-            block = headers.trailers(code, encode_message(message))
-        if not call.headers_sent and not call.outgoing:  # a "trailers-only" response
-            call.headers_sent = True
-            self._write_headers(call.id, _RESPONSE + block, True)
-            self._closed_locally(call)
-            return
-        call.trailers = block
-        self._flush(call)
 
-    def _flush(self, call: Call) -> None:
-        """Write what ``call`` has queued, as far as the windows and the transport let."""
-        outgoing = call.outgoing
-        while outgoing:
-            if self._paused:
-                self._blocked[call.id] = call
-                return
-            allowed = min(self._send_window, call.send_window, self._peer_max_frame)
-            if allowed <= 0:
-                if self._send_window <= 0:
-                    self._blocked[call.id] = call
-                return  # (else the stream's own WINDOW_UPDATE flushes it)
-            parts: list[bytes | memoryview] = []
-            taken = 0
-            while outgoing and taken < allowed:
-                chunk = outgoing[0]
-                room = allowed - taken
-                if len(chunk) <= room:
-                    parts.append(chunk)
-                    taken += len(chunk)
-                    outgoing.popleft()
-                else:
-                    chunk = memoryview(chunk)
-                    parts.append(chunk[:room])
-                    outgoing[0] = chunk[room:]
-                    taken += room
-            self._send_window -= taken
-            call.send_window -= taken
-            call.sent += taken
-            self._write_parts([frames.header(frames.DATA, 0, call.id, taken), *parts])
-            self._keepalive.data_sent()
-            self._pings.forgive()
-            waiters = call.waiters
-            while waiters and waiters[0][0] <= call.sent:
-                _, written = waiters.popleft()
-                if not written.done():
-                    written.set_result(None)
-        if call.trailers is not None and not call.local_closed:
-            self._write_headers(call.id, call.trailers, True)
-            call.trailers = None
-            self._closed_locally(call)
 
-    def _flush_blocked(self) -> None:
-        blocked, self._blocked = self._blocked, {}
-        for call in blocked.values():
-            if not call.local_closed:
-                self._flush(call)
 
-    def _closed_locally(self, call: Call) -> None:
-        """The server has sent the end of ``call``'s stream."""
-        call.local_closed = True
-        self._blocked.pop(call.id, None)
-        if not call.remote_closed:  # the client still sending: it need not (RFC 9113 8.1)
-            call.remote_closed = True
-            self._write(frames.rst_stream(call.id, ErrorCode.NO_ERROR))
-        self.call_done(call)
 
-    def call_done(self, call: Call) -> None:
-        """Forget ``call`` once its stream has ended both ways and its handler is over."""
-        if not (call.local_closed and call.remote_closed) or call.running:
-            return
-        forgotten = self._streams.pop(call.id, None) is not None
-        if forgotten and self._goaway is not None and not self._streams:
-            self.close()  # going away, and the last stream is done
 
-    def _reset(self, stream: int, code: ErrorCode) -> None:
-        """Reset a stream (a stream error)."""
-        self._write(frames.rst_stream(stream, code))
-        self._drop(stream)
 
-    def _drop(self, stream: int) -> None:
-        """The stream has ended both ways, answered or not: its handler is stopped."""
-        call = self._streams.get(stream)
-        if call is not None:
-            call.remote_closed = call.local_closed = True
-            call.cancel()
-            self._blocked.pop(stream, None)
-            self.call_done(call)
 
-    def _fail(self, code: ErrorCode, debug: str) -> None:
-        """A connection error: GOAWAY, and the connection closed."""
-        log.debug("closing a gRPC connection from %s: %s (%s)", self.peer, code.name, debug)
-        self._write(frames.goaway(self._last_stream, code, debug.encode("utf-8")[:200]))
-        self._goaway = self._last_stream
-        self.close()
 
-    # --- going away -----------------------------------------------------------------------
 
-    def go_away(self) -> None:
-        """Serve the streams already open, no new ones, then close (GOAWAY NO_ERROR)."""
-        if self._goaway is None:
-            self._goaway = self._last_stream
-            self._write(frames.goaway(self._last_stream, ErrorCode.NO_ERROR))
-        if not self._streams:
-            self.close()
 
-    def _too_old(self) -> None:
-        self._timers.pop("age", None)
-        self.go_away()
-        grace = keepalive.connection_age_grace_s(self.service.keepalive)
-        if grace is not None:
-            self._timers["grace"] = self._loop.call_later(grace, self.close)
 
-    def _schedule_keepalive(self) -> None:
-        self._timers["keepalive"] = self._loop.call_later(
-            self._keepalive.interval_s, self._keepalive_due
-        )
 
-    def _keepalive_due(self) -> None:
-        if self._keepalive.may_ping(not self._streams) and not self._ping_sent:
-            self._ping_sent = True
-            self._write(frames.ping(b"\x00" * 8, ack=False))
-            self._timers["ping timeout"] = self._loop.call_later(
-                self._keepalive.timeout_s, self._keepalive_lost
-            )
-        self._schedule_keepalive()
-
-    def _keepalive_lost(self) -> None:
-        log.debug("closing a gRPC connection from %s: keepalive ping unanswered", self.peer)
-        self._timers.pop("ping timeout", None)
-        self.close()
 
 
 def _peer(address: Any) -> str:
