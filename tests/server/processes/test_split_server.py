@@ -212,9 +212,10 @@ def test_http_connections_are_spread_over_the_front_ends(server: ServerProcess) 
 
 
 def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> None:
+    """Nor grpcio: gRPC is served by the server's own HTTP/2 (no grpc core threads)."""
     for front_end in _children(server, "frontend"):
         maps = Path(f"/proc/{front_end.pid}/maps").read_text()
-        assert "onnxruntime" not in maps and "cupy" not in maps
+        assert "onnxruntime" not in maps and "cupy" not in maps and "cygrpc" not in maps
     (executor,) = _children(server, "executor")
     assert "onnxruntime" in Path(f"/proc/{executor.pid}/maps").read_text()
 
