@@ -127,10 +127,13 @@ def _run(
     ready: bool = True,
     pool: HostBufferPool | None = None,
     client_options: tuple[tuple[str, int], ...] = (),
+    receive_into_pool: bool = False,
 ) -> None:
+    """``receive_into_pool``: large requests are received into ``pool`` (as in one process)."""
+
     async def main() -> None:
         plane = FakeDataPlane(ready)
-        server = GrpcServer(plane, pool)
+        server = GrpcServer(plane, pool, buffers=pool if receive_into_pool else None)
         port = server.bind("127.0.0.1", 0)
         await server.start()
         try:
@@ -419,6 +422,33 @@ def test_with_a_gpu_raw_inputs_are_copied_once_into_pinned_memory() -> None:
         assert pool.stats().allocations == 1, "the pinned buffer is reused"
 
     _run(scenario, pool=pool)
+
+
+def test_with_a_gpu_a_large_request_received_pinned_is_not_copied_again() -> None:
+    """Received into the pool's pinned buffer by the transport, a large request's tensors reach
+    the data plane in that buffer: no second pinned copy."""
+    fake = FakePinned()
+    pool = HostBufferPool(pinned_limit=1 << 24, pinned_allocator=fake)
+    a = np.arange(100_000, dtype=np.float32)
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = True
+        request = _request("received pinned")
+        request.inputs.add(name="IN0", datatype="FP32", shape=[a.size])
+        request.raw_input_contents.append(a.tobytes())
+        for _ in range(3):
+            reply = await stub.ModelInfer(request)
+            assert reply.raw_output_contents == [a.tobytes()]
+            (seen,) = plane.seen
+            plane.seen.clear()
+            (pinned,) = fake.arrays
+            assert np.shares_memory(seen.inputs[0].data, pinned)
+            assert pool.stats().pinned_used == 0
+        assert pool.stats().allocations == 1, "one pinned buffer, received into and reused"
+
+    _run(scenario, pool=pool, receive_into_pool=True)
 
 
 def test_without_a_gpu_raw_inputs_stay_where_protobuf_put_them() -> None:
