@@ -74,6 +74,8 @@ async def replies(
         try:
             while not ended:
                 result, ended = await items.get()
+                if ended:  # counted before the client can see the end (and ask for statistics)
+                    _count(served, job, start, result, prepared.batch_size)
                 yield _reply(result, ended, served, spec, prepared.output_names, request,
                              prepared.batch_size, client_shape)
         finally:
@@ -83,16 +85,25 @@ async def replies(
                     task.cancel()
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(task)
-            elapsed = time.perf_counter_ns() - start
-            if ended and isinstance(result, Exception):  # the stream ended with an error
-                served.stats.record_failure(elapsed, failure_reason(result))
-            elif ended:
-                served.stats.record_success(
-                    elapsed, job.times.queue_ns, 0, job.times.compute_ns, 0, prepared.batch_size
-                )
-            else:
-                served.stats.record_failure(elapsed, "CANCELED")
+            if not ended:
+                served.stats.record_failure(time.perf_counter_ns() - start, "CANCELED")
 
+
+def _count(
+    served: ModelVersion,
+    job: Job,
+    start: int,
+    result: RequestResult | BaseException | None,
+    batch_size: int,
+) -> None:
+    """Count the request in the version's statistics as its stream ends: the model may still
+    be returning from its execution, so its compute time is what has passed since it began."""
+    elapsed = time.perf_counter_ns() - start
+    if isinstance(result, Exception):  # the stream ended with an error
+        served.stats.record_failure(elapsed, failure_reason(result))
+        return
+    compute = job.times.compute_ns or max(0, elapsed - job.times.queue_ns)
+    served.stats.record_success(elapsed, job.times.queue_ns, 0, compute, 0, batch_size)
 
 def _reply(
     result: RequestResult | BaseException | None,

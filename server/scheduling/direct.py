@@ -81,6 +81,7 @@ class DirectScheduler(Runners):
         queued = time.perf_counter_ns()
         runner = self._free.popleft() if self._free else await self._take()
         started = time.perf_counter_ns()
+        job.times.queue_ns = started - queued  # (known to a decoupled model's last reply)
         try:
             if runner.instance.takes_requests:  # a request object for the model to answer
                 (answer,) = await runner.run_requests([job])
@@ -99,7 +100,6 @@ class DirectScheduler(Runners):
             raise
         finally:
             self._give_back(runner)
-            job.times.queue_ns = started - queued
         self._record(job, started)
         return outputs
 

@@ -81,7 +81,9 @@ model_transaction_policy { decoupled: true }
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
-SQUARE = """import numpy as np
+SQUARE = """import time
+
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -103,6 +105,8 @@ class TritonPythonModel:
                     parameters={"left": n - i - 1},
                 ))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if n == 7:  # works on after its final response (a model may)
+                time.sleep(0.3)
 """
 DOUBLE_CONFIG = """name: "double"
 backend: "python"

@@ -368,16 +368,20 @@ def test_decoupled_models_are_refused_by_http_and_unary_grpc(server: ServerProce
         grpc.close()
 
 
-def test_decoupled_statistics_count_the_request(server: ServerProcess, stream: _Stream) -> None:
+@pytest.mark.parametrize("n", [2, 7])
+def test_decoupled_statistics_count_the_request(
+    server: ServerProcess, stream: _Stream, n: int
+) -> None:
+    """Counted once the final response is out, also when the model works on after it (7)."""
     before = _successes(server, "square_int32")
     stream.client.async_stream_infer(
-        "square_int32", [_input("IN", [2])], enable_empty_final_response=True
+        "square_int32", [_input("IN", [n])], enable_empty_final_response=True
     )
-    items = stream.take(3)
+    items = stream.take(n + 1)
     assert all(error is None for _, error in items), items
     results = [result for result, _ in items]
-    assert [r.as_numpy("OUT").tolist() for r in results[:2]] == [[2], [2]]
-    assert [_final(r) for r in results] == [False, False, True]
+    assert [r.as_numpy("OUT").tolist() for r in results[:n]] == [[n]] * n
+    assert [_final(r) for r in results] == [False] * n + [True]
     assert _successes(server, "square_int32") - before == 1
 
 
