@@ -195,9 +195,8 @@ class Call:
         self._timer = asyncio.get_running_loop().call_later(REFUSAL_DELAY_S, self._refuse_now)
 
     def _refuse_now(self) -> None:
-        self._timer = None
         if self._refusal is not None:
-            self.finish(*self._refusal)
+            self.finish(*self._refusal)  # (which stops the timer, if this is not it)
 
     def _run(self, coroutine: Any) -> None:
         task = eager.start(coroutine)
@@ -259,6 +258,7 @@ class Call:
             and method is not None
             and method.deserialize is None
             and not method.request_streaming
+            and not method.response_streaming
             and self._request is None
         )
 
@@ -269,6 +269,10 @@ class Call:
             self._pooled = buffers.acquire(length)
         except InferenceServerError as error:  # the arena is full: refused before storing
             raise CallError(status_code(error), error.message) from None
+        except MemoryError:
+            raise CallError(
+                StatusCode.RESOURCE_EXHAUSTED, f"no memory for a {length}-byte request"
+            ) from None
         self._message = None
 
     @property
@@ -419,7 +423,6 @@ class Call:
         else:
             if not self._finished:
                 self._finished = True
-                self._stop_timer()
                 self.connection.reply(self, payload)
 
     async def _serve_stream(self, request: Any) -> None:
@@ -437,12 +440,19 @@ class Call:
                 response = await result
                 await self.send(response if method.serialize is None else method.serialize(response))
             else:
-                async for response in result:
-                    if self._finished:
-                        break
-                    await self.send(
-                        response if method.serialize is None else method.serialize(response)
-                    )
+                try:
+                    async for response in result:
+                        if self._finished:
+                            break
+                        await self.send(
+                            response if method.serialize is None else method.serialize(response)
+                        )
+                finally:
+                    # Its own clean-up (a stream's running requests stopped) runs now, not
+                    # when the collector finds it, and the call counts until it has.
+                    aclose = getattr(result, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
         except AbortError as error:
             self.finish(error.code, error.message)
         except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
@@ -467,7 +477,6 @@ class Call:
         if self._finished:
             return
         self._finished = True
-        self._stop_timer()
         self.connection.send_status(self, code, message)
 
     # --- the end --------------------------------------------------------------------------
@@ -477,6 +486,14 @@ class Call:
         if not self._finished:
             self.finish(StatusCode.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED)
         self.cancel()
+        if not self.local_closed:  # the status waits behind data the client does not take
+            self.connection.reset(self.id)
+
+    def closed(self) -> None:
+        """The server has sent the end of the stream: the deadline (or refusal) no longer
+        matters. (Until then a deadline counts, also for an answer waiting on the client's
+        window.)"""
+        self._stop_timer()
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

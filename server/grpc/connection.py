@@ -108,7 +108,7 @@ class Http2Connection(Http2Control):
         self._start = 0  # unparsed bytes are _buffer[_start:_end]
         self._end = 0
         self._preface = True  # the client's preface is still to come
-        self._decoder = RequestHeaderDecoder(MAX_HEADER_LIST_SIZE)
+        self._decoder = RequestHeaderDecoder()
         # A header block still taking CONTINUATION frames: stream, END_STREAM, its bytes.
         self._continuation: tuple[int, bool, bytearray] | None = None
         # The DATA frame whose payload is being read: stream (its call, None to drop the
@@ -157,6 +157,9 @@ class Http2Connection(Http2Control):
     # --- reading --------------------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        # Not every buffer handed out is filled (a read that would block, a partial TLS
+        # record): what the last one was is decided afresh each time.
+        self._direct = None
         call = self._data_call
         if call is not None and self._data_left >= _DIRECT_BYTES and self._start == self._end:
             space = call.pooled_space
@@ -187,6 +190,7 @@ class Http2Connection(Http2Control):
         try:
             direct, self._direct = self._direct, None
             if direct is not None:
+                assert nbytes <= self._data_left  # the view handed out was no larger
                 self._data_left -= nbytes
                 if not direct.local_closed:
                     direct.filled_in_place(nbytes)
@@ -203,8 +207,8 @@ class Http2Connection(Http2Control):
             self._start = self._end = 0
 
     def abort(self) -> None:
-        """Close now and cancel every call still open."""
-        self.close()
+        """Drop the connection now, unsent bytes and all, and cancel every call still open."""
+        self.close(at_once=True)
         for call in list(self._streams.values()):
             call.remote_closed = call.local_closed = True
             call.cancel()
@@ -281,6 +285,8 @@ class Http2Connection(Http2Control):
         elif kind == frames.DATA:  # padded (unpadded DATA is read as it comes)
             self._padded_data_frame(flags, stream, payload)
         elif kind == frames.PRIORITY:
+            if stream == 0:
+                raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 self._reset(stream, ErrorCode.FRAME_SIZE_ERROR)
         elif kind == frames.PUSH_PROMISE:
@@ -347,7 +353,12 @@ class Http2Connection(Http2Control):
         method = self.service.methods.get(head.path)
         call = Call(self, stream, head, method, self._peer_initial_window, STREAM_WINDOW)
         self._streams[stream] = call
-        if method is None:
+        if head.size > MAX_HEADER_LIST_SIZE:  # a client past the limit the server announced
+            call.refuse(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"received metadata size exceeds limit ({head.size} vs. {MAX_HEADER_LIST_SIZE})",
+            )
+        elif method is None:
             call.refuse(StatusCode.UNIMPLEMENTED, "Method not found!")
         else:
             refusal = None if self.service.refusal is None else self.service.refusal(method, head)
@@ -390,8 +401,11 @@ class Http2Connection(Http2Control):
             self._recv_window += self._recv_unacked
             self._recv_unacked = 0
         call = self._streams.get(stream)
-        if call is None or call.remote_closed:
+        if call is None or call.local_closed:
             return None  # a stream that ended (maybe reset by the server): dropped
+        if call.remote_closed:  # DATA after the client's END_STREAM
+            self._reset(stream, ErrorCode.STREAM_CLOSED)
+            return None
         call.recv_window -= length
         if call.recv_window < 0:
             self._reset(stream, ErrorCode.FLOW_CONTROL_ERROR)

@@ -100,6 +100,10 @@ class Http2Control(Http2Streams):
                 delta, self._peer_initial_window = value - self._peer_initial_window, value
                 for call in self._streams.values():
                     call.send_window += delta
+                    if call.send_window > frames.LARGEST_WINDOW:
+                        raise ConnectionError_(
+                            ErrorCode.FLOW_CONTROL_ERROR, "a stream window overflowed"
+                        )
             elif key == Setting.MAX_FRAME_SIZE:
                 if not frames.DEFAULT_MAX_FRAME_SIZE <= value <= frames.LARGEST_FRAME_SIZE:
                     raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "invalid max frame size")
@@ -113,7 +117,7 @@ class Http2Control(Http2Streams):
                 self._table_update = headers.table_size_update(value)
         self._write(frames.SETTINGS_ACK)
         for call in list(self._streams.values()):  # a larger initial window may free any
-            if call.outgoing or call.trailers is not None:
+            if not call.local_closed and (call.outgoing or call.trailers is not None):
                 self._flush(call)
 
     def _ping_frame(self, flags: int, stream: int, payload: memoryview) -> None:
@@ -132,6 +136,10 @@ class Http2Control(Http2Streams):
             raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, "too_many_pings")
 
     # --- errors ----------------------------------------------------------------------------
+
+    def reset(self, stream: int) -> None:
+        """Cancel a stream whose call has ended but cannot say so (RST_STREAM CANCEL)."""
+        self._reset(stream, ErrorCode.CANCEL)
 
     def _reset(self, stream: int, code: ErrorCode) -> None:
         """Reset a stream (a stream error)."""
@@ -152,7 +160,7 @@ class Http2Control(Http2Streams):
         self.go_away()
         grace = keepalive.connection_age_grace_s(self._keepalive_flags)
         if grace is not None:
-            self._timers["grace"] = self._loop.call_later(grace, self.close)
+            self._timers["grace"] = self._loop.call_later(grace, self.close, True)
 
     def _schedule_keepalive(self) -> None:
         self._timers["keepalive"] = self._loop.call_later(
@@ -160,7 +168,7 @@ class Http2Control(Http2Streams):
         )
 
     def _keepalive_due(self) -> None:
-        if self._keepalive.may_ping(not self._streams) and not self._ping_sent:
+        if not self._ping_sent and self._keepalive.may_ping(not self._streams):
             self._ping_sent = True
             self._write(frames.ping(b"\x00" * 8, ack=False))
             self._timers["ping timeout"] = self._loop.call_later(
@@ -171,4 +179,4 @@ class Http2Control(Http2Streams):
     def _keepalive_lost(self) -> None:
         log.debug("closing a gRPC connection from %s: keepalive ping unanswered", self.peer)
         self._timers.pop("ping timeout", None)
-        self.close()
+        self.close(at_once=True)  # (a client that answers no ping reads nothing either)

@@ -48,6 +48,7 @@ class RequestHead:
     timeout: float | None  # seconds, from grpc-timeout
     encoding: str  # grpc-encoding ("identity" when absent)
     metadata: tuple[tuple[str, str | bytes], ...]  # the rest; "-bin" values base64-decoded
+    size: int  # of the header list as HPACK counts it (each field 32 bytes more)
 
     @property
     def is_grpc(self) -> bool:
@@ -75,18 +76,24 @@ class _Table(HeaderTable):
         HeaderTable.maxsize.fset(self, value)  # type: ignore[attr-defined]
 
 
+#: The largest header list decoded at all: past it the HPACK state is lost with the block, so
+#: the connection ends. A list over the server's announced limit but under this one fails its
+#: call alone (``RequestHead.size``).
+DECODED_LIST_LIMIT = 1 << 20
+
+
 class RequestHeaderDecoder:
     """One connection's HPACK decoding of request header blocks."""
 
-    def __init__(self, max_list_size: int) -> None:
-        self._decoder = hpack.Decoder(max_header_list_size=max_list_size)
+    def __init__(self) -> None:
+        self._decoder = hpack.Decoder(max_header_list_size=DECODED_LIST_LIMIT)
         self._table = _Table()
         self._decoder.header_table = self._table
         self._cache: dict[bytes, RequestHead] = {}
 
     def decode(self, block: bytes) -> RequestHead:
         """The head of the call whose (complete) header block is ``block``; ``HeaderError``
-        for a block that is not valid HPACK (or too large)."""
+        for a block that is not valid HPACK (or decodes past ``DECODED_LIST_LIMIT``)."""
         head = self._cache.get(block)
         if head is not None:
             return head
@@ -111,7 +118,9 @@ def _head(fields: Iterable[tuple[bytes, bytes]]) -> RequestHead:
     timeout: float | None = None
     encoding = "identity"
     metadata: list[tuple[str, str | bytes]] = []
+    size = 0
     for name, value in fields:
+        size += len(name) + len(value) + 32
         if name[:1] == b":":
             if name == b":path":
                 path = value.decode("latin-1")
@@ -125,7 +134,7 @@ def _head(fields: Iterable[tuple[bytes, bytes]]) -> RequestHead:
             encoding = value.decode("latin-1")
         elif name not in _TRANSPORT:
             metadata.append(_metadata(name, value))
-    return RequestHead(method, path, content_type, timeout, encoding, tuple(metadata))
+    return RequestHead(method, path, content_type, timeout, encoding, tuple(metadata), size)
 
 
 def _metadata(name: bytes, value: bytes) -> tuple[str, str | bytes]:

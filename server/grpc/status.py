@@ -52,6 +52,21 @@ class AbortError(Exception):
 _PLAIN = bytes(range(0x20, 0x7F)).replace(b"%", b"").decode("ascii")
 
 
+#: The longest ``grpc-message`` sent, encoded: grpc clients refuse trailers over 8 KiB (their
+#: soft limit on metadata) and then report RESOURCE_EXHAUSTED instead of the status.
+MAX_MESSAGE_BYTES = 4096
+
+
 def encode_message(message: str) -> bytes:
-    """``grpc-message``'s value for ``message``."""
-    return urllib.parse.quote(message, safe=_PLAIN).encode("ascii")
+    """``grpc-message``'s value for ``message``, cut to ``MAX_MESSAGE_BYTES`` (at a whole
+    character)."""
+    encoded = urllib.parse.quote(message, safe=_PLAIN).encode("ascii")
+    if len(encoded) <= MAX_MESSAGE_BYTES:
+        return encoded
+    cut = encoded[:MAX_MESSAGE_BYTES]
+    escape = cut.rfind(b"%", len(cut) - 2)
+    if escape >= 0:
+        cut = cut[:escape]
+    # Whole characters only: what the cut left of a multi-byte one goes too.
+    whole = urllib.parse.unquote_to_bytes(cut).decode("utf-8", "ignore")
+    return urllib.parse.quote(whole, safe=_PLAIN).encode("ascii")

@@ -19,6 +19,10 @@ from server.settings import GrpcKeepalive
 
 #: A DATA message part at most this large is copied into one write with its frames.
 _JOIN_BYTES = 1 << 14
+#: Writes held while a read is parsed go to the transport once they pass this size.
+_BATCH_BYTES = 1 << 18
+#: How long a closed connection may take to send what it was still sending.
+CLOSE_GRACE_S = 5.0
 
 _RESPONSE = headers.RESPONSE
 _OK_TRAILERS = headers.OK_TRAILERS
@@ -42,6 +46,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._blocked: dict[int, Call] = {}  # streams waiting for window or the transport
         self._paused = False  # the transport's buffer is full
         self._batch: list[bytes | memoryview] | None = None  # writes held while parsing
+        self._batch_bytes = 0
         # Going away: the last stream served after GOAWAY, or None.
         self._goaway: int | None = None
         self._pings = keepalive.PingPolicy(keepalive_flags)
@@ -59,32 +64,53 @@ class Http2Streams(asyncio.BufferedProtocol):
     def _write(self, data: bytes | memoryview) -> None:
         if self._batch is not None:
             self._batch.append(data)
+            self._batch_bytes += len(data)
+            if self._batch_bytes > _BATCH_BYTES:
+                self._write_through()
         elif self._transport is not None:
             self._transport.write(data)
 
     def _write_parts(self, parts: list[bytes | memoryview]) -> None:
         if self._batch is not None:
             self._batch.extend(parts)
+            self._batch_bytes += sum(len(part) for part in parts)
+            if self._batch_bytes > _BATCH_BYTES:
+                self._write_through()
         elif self._transport is not None:
             self._transport.writelines(parts)
+
+    def _write_through(self) -> None:
+        """Hand what is held to the transport now, holding on afterwards: its buffer, not
+        ours, then tells when it is full (``pause_writing`` stops the streams' DATA)."""
+        self._write_batch()
+        self._batch = []
 
     def _write_batch(self) -> None:
         """Write what was held while parsing."""
         batch, self._batch = self._batch, None
+        self._batch_bytes = 0
         if batch and self._transport is not None:
             self._transport.writelines(batch)
 
-    def close(self) -> None:
-        """Close the connection once what was written has been sent; later writes are
-        dropped."""
+    def close(self, at_once: bool = False) -> None:
+        """Close the connection once what was written has been sent (``at_once``: now,
+        dropping it); later writes are dropped. A client that reads nothing would keep a
+        graceful close waiting for ever: it is dropped after ``CLOSE_GRACE_S``."""
         self._write_batch()
         transport, self._transport = self._transport, None
-        if transport is not None:
-            transport.close()
+        if transport is None:
+            return
+        if at_once:
+            transport.abort()
+            return
+        transport.close()
+        self._loop.call_later(CLOSE_GRACE_S, _abort_if_open, transport)
 
     # --- sending ---------------------------------------------------------------------------
 
     def _write_headers(self, stream: int, block: bytes, end_stream: bool) -> None:
+        """One HEADERS frame: the server's blocks are small (a few fields, ``grpc-message``
+        cut to ``MAX_MESSAGE_BYTES``), never past the smallest frame size a client may set."""
         if self._table_update:
             block, self._table_update = self._table_update + block, b""
         flags = _END_HEADERS | _END_STREAM if end_stream else _END_HEADERS
@@ -208,6 +234,7 @@ class Http2Streams(asyncio.BufferedProtocol):
     def _closed_locally(self, call: Call) -> None:
         """The server has sent the end of ``call``'s stream."""
         call.local_closed = True
+        call.closed()
         self._blocked.pop(call.id, None)
         if not call.remote_closed:  # the client still sending: it need not (RFC 9113 8.1)
             call.remote_closed = True
@@ -238,3 +265,8 @@ class Http2Streams(asyncio.BufferedProtocol):
             self._write(frames.goaway(self._last_stream, ErrorCode.NO_ERROR))
         if not self._streams:
             self.close()
+
+
+def _abort_if_open(transport: asyncio.Transport) -> None:
+    if transport.get_write_buffer_size():  # still sending: the client reads nothing
+        transport.abort()

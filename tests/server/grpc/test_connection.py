@@ -39,6 +39,7 @@ class Handlers:
         self.cancelled = 0
         self.read: list[bytes] = []
         self.buffers: list[Any] = []  # each call's context.request_buffer
+        self.cleaned_up = 0  # ``ticks`` streams that ran their clean-up
 
     async def echo(self, request: bytes, context: CallContext) -> bytes:
         self.buffers.append(context.request_buffer)
@@ -63,6 +64,19 @@ class Handlers:
         await context.abort(StatusCode.NOT_FOUND, "no model 'ü' 100%")
         return b""
 
+    async def long_abort(self, request: bytes, context: CallContext) -> bytes:
+        await context.abort(StatusCode.INVALID_ARGUMENT, "ü" * 10_000)
+        return b""
+
+    async def ticks(self, request: bytes, context: CallContext) -> AsyncIterator[bytes]:
+        """A reply every 10 ms until the client goes; then its clean-up."""
+        try:
+            while True:
+                yield b"tick"
+                await asyncio.sleep(0.01)
+        finally:
+            self.cleaned_up += 1
+
     async def metadata(self, request: bytes, context: CallContext) -> bytes:
         return repr(sorted(context.invocation_metadata())).encode()
 
@@ -74,8 +88,9 @@ class Handlers:
             yield request
 
     def methods(self) -> dict[str, Method]:
-        unary = ("echo", "block", "fail", "abort", "metadata")
+        unary = ("echo", "block", "fail", "abort", "long_abort", "metadata")
         table = {f"/t/{name}": Method(getattr(self, name)) for name in unary}
+        table["/t/ticks"] = Method(self.ticks, response_streaming=True)
         table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
         table["/t/refused"] = Method(self.echo, category="secret")
         return table
@@ -486,3 +501,56 @@ def test_a_full_pool_refuses_the_request_before_storing_it() -> None:
         assert server.handlers.buffers == []
         pool.full = False
         assert raw.call("/t/echo", b"r" * 200_000).messages() == [b"r" * 200_000]
+
+
+def test_a_long_status_message_is_cut() -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/long_abort", b"")
+        assert response.status == StatusCode.INVALID_ARGUMENT
+        assert response.message.startswith("%C3%BC") and len(response.message) <= 4096
+        assert response.message.endswith("%BC")  # never inside an escape
+
+
+def test_a_streaming_handler_cleans_up_when_its_client_resets() -> None:
+    """At once, not when the garbage collector finds its generator (the stream counts until
+    then)."""
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/ticks")
+        raw.h2.send_data(stream, grpc_message(b""), end_stream=True)
+        raw.flush()
+        raw.wait(lambda: len(raw.responses[stream].data) > 0)
+        raw.h2.reset_stream(stream, ErrorCodes.CANCEL)
+        raw.flush()
+        raw.wait(lambda: server.handlers.cleaned_up == 1, 2)
+        assert server.handlers.cleaned_up == 1
+
+
+def test_a_deadline_behind_untaken_data_resets_the_stream() -> None:
+    """The answer waits for a window the client never gives back: at the deadline the stream
+    is reset (CANCEL), since its status cannot go out."""
+    with serving() as server, client(server) as raw:
+        raw.acknowledge = False
+        stream = raw.start("/t/echo", ("grpc-timeout", "200m"))
+        raw.h2.send_data(stream, grpc_message(b"d" * 200_000), end_stream=True)
+        raw.flush()
+        response = raw.finish(stream, 3)
+        assert response.reset == ErrorCodes.CANCEL
+
+
+def test_a_header_list_past_the_announced_limit_fails_its_call_alone() -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/echo", b"x", ("x-big", "b" * 70_000))
+        assert response.status == StatusCode.RESOURCE_EXHAUSTED
+        assert response.message.startswith("received metadata size exceeds limit")
+        assert raw.call("/t/echo", b"y").messages() == [b"y"]
+
+
+def test_a_pool_out_of_memory_refuses_the_request() -> None:
+    class Starved(Pool):
+        def acquire(self, nbytes: int) -> Buffer:
+            raise MemoryError
+
+    with serving(buffers=Starved()) as server, client(server) as raw:
+        response = raw.call("/t/echo", b"m" * 200_000)
+        assert response.status == StatusCode.RESOURCE_EXHAUSTED
+        assert raw.call("/t/echo", b"n").messages() == [b"n"]

@@ -18,32 +18,9 @@ from server.grpc import frames
 from server.grpc.call import CallContext, Method
 from server.grpc.connection import GrpcService, Http2Connection
 from server.settings import GrpcKeepalive
+from tests.server.grpc.fake_transport import FakeTransport
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-class FakeTransport:
-    """What the connection writes, and whether it closed."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.written += data
-
-    def writelines(self, parts: list[bytes | memoryview]) -> None:
-        for part in parts:
-            self.written += part
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 async def _echo(request: bytes, context: CallContext) -> bytes:

@@ -7,7 +7,12 @@ import hpack
 import pytest
 
 from server.grpc import headers
-from server.grpc.headers import HeaderError, RequestHeaderDecoder, parse_timeout
+from server.grpc.headers import (
+    DECODED_LIST_LIMIT,
+    HeaderError,
+    RequestHeaderDecoder,
+    parse_timeout,
+)
 
 CALL = [
     (":method", "POST"),
@@ -25,7 +30,7 @@ def test_a_call_head() -> None:
         [*CALL, ("grpc-timeout", "250m"), ("grpc-encoding", "gzip"), ("x-id", "7"),
          ("x-raw-bin", "AP8")]
     )
-    head = RequestHeaderDecoder(1 << 16).decode(block)
+    head = RequestHeaderDecoder().decode(block)
     assert (head.method, head.path, head.is_grpc) == (
         b"POST", "/inference.GRPCInferenceService/ModelInfer", True
     )
@@ -36,7 +41,7 @@ def test_a_call_head() -> None:
 
 def test_repeated_blocks_are_decoded_once_while_the_table_stands_still() -> None:
     encoder = hpack.Encoder()
-    decoder = RequestHeaderDecoder(1 << 16)
+    decoder = RequestHeaderDecoder()
     first = decoder.decode(encoder.encode(CALL))  # fills the dynamic table
     repeat = encoder.encode(CALL)  # all indexed
     assert decoder.decode(repeat) is decoder.decode(repeat)
@@ -53,7 +58,7 @@ def test_cached_blocks_follow_the_table_exactly() -> None:
     """Decoded beside hpack's own decoder, fed the same blocks, over many table changes."""
     encoder = hpack.Encoder()
     encoder.header_table_size = 256  # small: entries are evicted often
-    ours = RequestHeaderDecoder(1 << 16)
+    ours = RequestHeaderDecoder()
     ours._decoder.header_table_size = 256
     reference = hpack.Decoder()
     reference.header_table_size = 256
@@ -68,13 +73,20 @@ def test_cached_blocks_follow_the_table_exactly() -> None:
 
 def test_a_malformed_block_is_an_error() -> None:
     with pytest.raises(HeaderError):
-        RequestHeaderDecoder(1 << 16).decode(b"\xff\xff\xff\xff\xff")
+        RequestHeaderDecoder().decode(b"\xff\xff\xff\xff\xff")
 
 
-def test_an_oversize_header_list_is_an_error() -> None:
-    block = hpack.Encoder().encode([*CALL, ("x-big", "v" * 2000)])
+def test_a_header_list_is_measured_and_past_the_decoding_limit_an_error() -> None:
+    head = RequestHeaderDecoder().decode(hpack.Encoder().encode([*CALL, ("x-big", "v" * 2000)]))
+    assert head.size == sum(len(n) + len(v) + 32 for n, v in [*CALL, ("x-big", "v" * 2000)])
+    # One literal added to the table and referenced over and over: past the limit decoded.
+    encoder = hpack.Encoder()
+    encoder.encode([("x-huge", "h" * 4000)])
+    repeat = encoder.encode([("x-huge", "h" * 4000)])  # one byte: the indexed entry
+    decoder = RequestHeaderDecoder()
+    decoder.decode(hpack.Encoder().encode([("x-huge", "h" * 4000)]))
     with pytest.raises(HeaderError):
-        RequestHeaderDecoder(1024).decode(block)
+        decoder.decode(repeat * (DECODED_LIST_LIMIT // 4000 + 1))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,150 @@
+"""The gRPC connection against a fake transport: what it hands the socket to read into, how
+it closes, and how much it holds back while parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import hpack
+import pytest
+
+from server.grpc import frames, streams
+from server.grpc.call import CallContext, Method
+from server.grpc.connection import GrpcService, Http2Connection
+from server.settings import GrpcKeepalive
+from tests.server.grpc.fake_transport import FakeTransport
+
+
+class Buffer:
+    def __init__(self, nbytes: int) -> None:
+        self.view = memoryview(bytearray(nbytes))
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.given: list[Buffer] = []
+
+    def acquire(self, nbytes: int) -> Buffer:
+        self.given.append(Buffer(nbytes))
+        return self.given[-1]
+
+
+async def _echo(request: bytes, context: CallContext) -> bytes:
+    return bytes(request)
+
+
+def _connection(pool: Pool | None = None) -> tuple[Http2Connection, FakeTransport]:
+    service = GrpcService({"/t/echo": Method(_echo)}, GrpcKeepalive(), buffers=pool)
+    connection = Http2Connection(service, ("127.0.0.1", 1))
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    return connection, transport
+
+
+def _feed(connection: Http2Connection, data: bytes) -> None:
+    while data:
+        buffer = connection.get_buffer(-1)
+        size = min(len(buffer), len(data))
+        buffer[:size] = data[:size]
+        connection.buffer_updated(size)
+        data = data[size:]
+
+
+def _start(stream: int, path: str = "/t/echo", *extra: tuple[str, str]) -> bytes:
+    block = hpack.Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
+         ("content-type", "application/grpc"), *extra]
+    )
+    return frames.frame(frames.HEADERS, frames.END_HEADERS, stream, block)
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out, pos = [], 0
+    while pos + 9 <= len(data):
+        word, flags, stream = frames.HEADER.unpack_from(data, pos)
+        length = word >> 8
+        out.append((word & 0xFF, flags, stream, data[pos + 9 : pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+def test_a_buffer_handed_out_for_a_direct_read_but_not_filled_is_forgotten() -> None:
+    """uvloop may ask for a buffer and read nothing into it. When the call whose message it
+    was for has gone meanwhile (its deadline passed), the next read goes through the parser:
+    the frame's tail is skipped and the frames after it are read."""
+
+    async def main() -> None:
+        pool = Pool()
+        connection, transport = _connection(pool)
+        message = b"\x00" + struct.pack(">I", 100_000) + b"p" * 100_000
+        data_header = frames.header(frames.DATA, 0, 1, len(message))
+        _feed(connection, frames.PREFACE + frames.settings({}) + _start(1) + data_header
+              + message[:40_000])
+        assert len(connection.get_buffer(-1)) == 60_005  # the rest goes straight into the pool
+        # ...but nothing is read now; the call goes (its deadline, say)
+        connection._streams[1]._expire()
+        assert pool.given[0].released == 1
+        before = len(transport.written)
+        _feed(connection, message[40_000:] + frames.ping(b"12345678", ack=False))
+        assert (frames.PING, frames.ACK, 0, b"12345678") in _frames(
+            bytes(transport.written[before:])
+        )
+        assert not transport.closed
+        connection.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_closing_drops_a_connection_whose_client_reads_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(streams, "CLOSE_GRACE_S", 0.01)
+
+    async def main() -> None:
+        connection, transport = _connection()
+        transport.buffered = 1 << 20  # written, and never taken by the client
+        connection.close()
+        assert transport.closed and not transport.aborted
+        await asyncio.sleep(0.05)
+        assert transport.aborted
+        other, other_transport = _connection()
+        other.close()
+        await asyncio.sleep(0.05)
+        assert other_transport.closed and not other_transport.aborted  # it had sent all
+        aborted, aborted_transport = _connection()
+        aborted.abort()  # (the server stopping)
+        assert aborted_transport.aborted
+
+    asyncio.run(main())
+
+
+def test_a_keepalive_ping_unanswered_drops_the_connection() -> None:
+    async def main() -> None:
+        connection, transport = _connection()
+        connection._keepalive_lost()
+        assert transport.aborted
+
+    asyncio.run(main())
+
+
+def test_what_is_written_while_parsing_goes_out_past_a_bound() -> None:
+    """Writes made while a read is parsed are held, up to a bound: a handler producing more
+    in that step has the transport take it (and pause the streams when its buffer fills)."""
+
+    async def main() -> None:
+        connection, transport = _connection()
+        start = len(transport.written)
+        connection._batch = []
+        connection._write(b"s" * 100)
+        assert len(transport.written) == start
+        connection._write(b"b" * streams._BATCH_BYTES)
+        assert len(transport.written) == start + 100 + streams._BATCH_BYTES
+        connection._write_batch()
+
+    asyncio.run(main())
+
