@@ -27,6 +27,7 @@ from server.grpc.connection import CONNECTION_WINDOW, MAX_FRAME_SIZE, STREAM_WIN
 from server.grpc.status import StatusCode
 from server.listener import Listener
 from server.settings import GrpcKeepalive
+from tests.server.grpc.fakes import Buffer, Pool
 from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
 
 
@@ -140,7 +141,6 @@ class Server:
 
 
 def _refuse_secret(method: Method, head: Any) -> Any:
-    from server.errors import Unavailable
 
     return Unavailable("restricted") if method.category == "secret" else None
 
@@ -425,27 +425,6 @@ def test_going_away_finishes_open_calls_then_closes() -> None:
         assert echo(b"again", timeout=5) == b"again"
 
 
-class Buffer:
-    def __init__(self, nbytes: int) -> None:
-        self.view = memoryview(bytearray(nbytes))
-        self.released = 0
-
-    def release(self) -> None:
-        self.released += 1
-
-
-class Pool:
-    """A buffer source recording what it handed out; ``full`` refuses as a full arena does."""
-
-    def __init__(self) -> None:
-        self.given: list[Buffer] = []
-        self.full = False
-
-    def acquire(self, nbytes: int) -> Buffer:
-        if self.full:
-            raise Unavailable("the server is busy: no free block")
-        self.given.append(Buffer(nbytes))
-        return self.given[-1]
 
 
 @pytest.mark.parametrize("frame_size", [16_384, 100_000, 1 << 20])

@@ -18,7 +18,7 @@ from server.grpc import frames
 from server.grpc.call import CallContext, Method
 from server.grpc.connection import GrpcService, Http2Connection
 from server.settings import GrpcKeepalive
-from tests.server.grpc.fake_transport import FakeTransport
+from tests.server.grpc.fakes import FakeTransport
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,25 +13,7 @@ from server.grpc import frames, streams
 from server.grpc.call import CallContext, Method
 from server.grpc.connection import GrpcService, Http2Connection
 from server.settings import GrpcKeepalive
-from tests.server.grpc.fake_transport import FakeTransport
-
-
-class Buffer:
-    def __init__(self, nbytes: int) -> None:
-        self.view = memoryview(bytearray(nbytes))
-        self.released = 0
-
-    def release(self) -> None:
-        self.released += 1
-
-
-class Pool:
-    def __init__(self) -> None:
-        self.given: list[Buffer] = []
-
-    def acquire(self, nbytes: int) -> Buffer:
-        self.given.append(Buffer(nbytes))
-        return self.given[-1]
+from tests.server.grpc.fakes import FakeTransport, Pool
 
 
 async def _echo(request: bytes, context: CallContext) -> bytes:
