@@ -105,6 +105,7 @@ def _count(
     compute = job.times.compute_ns or max(0, elapsed - job.times.queue_ns)
     served.stats.record_success(elapsed, job.times.queue_ns, 0, compute, 0, batch_size)
 
+
 def _reply(
     result: RequestResult | BaseException | None,
     final: bool,

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gzip
 import logging
-import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from server import eager
+from server import compression, eager
 from server.errors import InferenceServerError
 from server.grpc.headers import RequestHead
 from server.grpc.status import AbortError, StatusCode, status_code
 from server.memory.host_pool import PooledBuffer
+from server.threads import run_in_thread
 
 if TYPE_CHECKING:
     from server.grpc.connection import Http2Connection
@@ -36,6 +35,9 @@ log = logging.getLogger("server.grpc")
 
 #: A request message as the handler gets it: its own bytes, or a view of a pooled buffer.
 Message = bytes | bytearray | memoryview
+#: A message as it came: its compressed flag and its bytes (inflated on a thread, see
+#: ``Call._inflated``).
+_Received = tuple[int, Message]
 
 #: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
 PREFIX_SIZE = 5
@@ -65,8 +67,9 @@ class CallContext(Protocol):
 
 @dataclass(frozen=True)
 class Method:
-    """An RPC the server answers: its handler, the kinds of its request and response, how its
-    messages are read and written (None: the handler takes and gives bytes), and its
+    """An RPC the server answers: its handler, the kinds of its request and response (a
+    streaming request has a streaming response: the services here have no other kind), how
+    its messages are read and written (None: the handler takes and gives bytes), and its
     category for ``--grpc-restricted-protocol``."""
 
     handler: Callable[..., Any]
@@ -152,10 +155,10 @@ class Call:
         self._message: bytearray | None = None  # the message being put together
         self._pooled: PooledBuffer | None = None  # ... or the pool's buffer it goes into
         self._left = 0  # its bytes still to come
-        self._messages: collections.deque[Message] = collections.deque()
+        self._messages: collections.deque[_Received] = collections.deque()
         self._reader: asyncio.Future[None] | None = None
         # a unary request's one message (a view of ``_pooled`` when pooled)
-        self._request: Message | None = None
+        self._request: _Received | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._finished = False
         self._refusal: tuple[StatusCode, str] | None = None
@@ -183,7 +186,7 @@ class Call:
         method = self.method
         assert method is not None
         if method.request_streaming:
-            self._run(self._serve_stream(_Requests(self)))
+            self._run(self._serve_stream(None))
 
     def refuse(self, code: StatusCode, message: str) -> None:
         """End the call with ``code`` without running a handler: once its first request
@@ -321,36 +324,36 @@ class Call:
             raise CallError(StatusCode.INTERNAL, "more than one request message in a unary call")
 
     def _deliver(self, flag: int, message: Message) -> None:
-        if flag:
-            message = self._decompress(message)
         if self.method is not None and self.method.request_streaming:
-            self._messages.append(message)
+            self._messages.append((flag, message))
             self._wake_reader()
         else:
-            self._request = message
+            self._request = (flag, message)
 
-    def _decompress(self, message: Message) -> bytes:
+    async def _inflated(self, received: _Received) -> Message:
+        """A message as the handler takes it: inflated, on a thread (a small message can
+        inflate to up to the message limit); ``CallError`` for one that does not inflate."""
+        flag, message = received
+        if not flag:
+            return message
+        return await run_in_thread(None, self._inflate, message)
+
+    def _inflate(self, message: Message) -> bytes:
         encoding = self.head.encoding
+        if encoding not in ("gzip", "deflate"):
+            raise CallError(
+                StatusCode.INTERNAL, f"a compressed message with grpc-encoding '{encoding[:100]}'"
+            )
         limit = self.connection.service.max_message_size
         try:
-            if encoding == "gzip":
-                inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            elif encoding == "deflate":
-                inflater = zlib.decompressobj()
-            else:
-                raise CallError(
-                    StatusCode.INTERNAL,
-                    f"a compressed message with grpc-encoding '{encoding[:100]}'",
-                )
-            out = inflater.decompress(message, limit + 1)
-        except (zlib.error, gzip.BadGzipFile) as exc:
-            raise CallError(StatusCode.INTERNAL, f"cannot decompress the message: {exc}") from None
-        if len(out) > limit:
+            return compression.inflate(message, limit)
+        except compression.TooLarge:
             raise CallError(
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"Received message larger than max (more than {limit} bytes once decompressed)",
-            )
-        return out
+            ) from None
+        except compression.InflateError as exc:
+            raise CallError(StatusCode.INTERNAL, f"cannot decompress the message: {exc}") from None
 
     def end_of_requests(self) -> None:
         """The client has half-closed (END_STREAM): a unary request is complete."""
@@ -379,7 +382,8 @@ class Call:
                 self._run(self._serve_unary(request))
 
     async def read(self) -> Message | None:
-        """The next request message of a streaming call; None once the client has sent all."""
+        """The next request message of a streaming call; None once the client has sent all.
+        ``CallError`` for one that does not inflate."""
         while not self._messages:
             if self.remote_closed:
                 return None
@@ -388,10 +392,10 @@ class Call:
                 await self._reader
             finally:
                 self._reader = None
-        message = self._messages.popleft()
+        received = self._messages.popleft()
         if not self._messages:
             self.connection.give_back_window(self)
-        return message
+        return await self._inflated(received)
 
     def _wake_reader(self) -> None:
         if self._reader is not None and not self._reader.done():
@@ -399,19 +403,35 @@ class Call:
 
     # --- the handler ----------------------------------------------------------------------
 
-    async def _serve_unary(self, request: Message) -> None:
+    async def _serve_unary(self, request: _Received) -> None:
         try:
             await self._answer_unary(request)
         finally:
             self._release_pooled()
 
-    async def _answer_unary(self, request: Message) -> None:
+    async def _argument(self, request: _Received) -> Any:
+        """The handler's argument: the request inflated and, unless raw, deserialized; None
+        (the call ended) for one that is neither."""
         method = self.method
         assert method is not None
         try:
-            argument = request if method.deserialize is None else method.deserialize(bytes(request))
+            message = await self._inflated(request)
+        except CallError as error:
+            self.finish(error.code, error.message)
+            return None
+        if method.deserialize is None:
+            return message
+        try:
+            return method.deserialize(bytes(message))
         except Exception:  # noqa: BLE001 - the client's bytes
             self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
+            return None
+
+    async def _answer_unary(self, request: _Received) -> None:
+        method = self.method
+        assert method is not None
+        argument = await self._argument(request)
+        if argument is None:
             return
         try:
             response = await method.handler(argument, self)
@@ -425,40 +445,33 @@ class Call:
                 self._finished = True
                 self.connection.reply(self, payload)
 
-    async def _serve_stream(self, request: Any) -> None:
+    async def _serve_stream(self, request: _Received | None) -> None:
+        """A response-streaming call (the only kind a streaming request has here): its
+        handler's replies as they come; ``request`` is a unary request (None: a stream)."""
         method = self.method
         assert method is not None
+        if request is None:
+            argument: Any = _Requests(self)
+        else:
+            argument = await self._argument(request)
+            if argument is None:
+                return
+        replies = method.handler(argument, self)
         try:
-            if method.deserialize is not None and not method.request_streaming:
-                request = method.deserialize(request)
-        except Exception:  # noqa: BLE001 - the client's bytes
-            self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
-            return
-        try:
-            result = method.handler(request, self)
-            if not method.response_streaming:
-                response = await result
+            async for response in replies:
+                if self._finished:
+                    break
                 await self.send(response if method.serialize is None else method.serialize(response))
-            else:
-                try:
-                    async for response in result:
-                        if self._finished:
-                            break
-                        await self.send(
-                            response if method.serialize is None else method.serialize(response)
-                        )
-                finally:
-                    # Its own clean-up (a stream's running requests stopped) runs now, not
-                    # when the collector finds it, and the call counts until it has.
-                    aclose = getattr(result, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
         except AbortError as error:
             self.finish(error.code, error.message)
         except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
             self._failed(exc)
         else:
             self.finish(StatusCode.OK, "")
+        finally:
+            # Its own clean-up (a stream's running requests stopped) runs now, not when the
+            # collector finds it, and the call counts until it has.
+            await replies.aclose()
 
     def _failed(self, exc: Exception) -> None:
         log.error("an RPC handler of %s failed", self.head.path, exc_info=exc)
@@ -540,7 +553,10 @@ class _Requests:
         return self
 
     async def __anext__(self) -> Any:
-        message = await self._call.read()
+        try:
+            message = await self._call.read()
+        except CallError as error:
+            raise AbortError(error.code, error.message) from None
         if message is None:
             raise StopAsyncIteration
         method = self._call.method

@@ -146,10 +146,8 @@ class Http2Connection(Http2Control):
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
         self._stop_timers()
-        streams, self._streams = self._streams, {}
-        for call in streams.values():
-            call.remote_closed = call.local_closed = True
-            call.cancel()
+        self._cancel_calls()
+        self._streams.clear()
         self._blocked.clear()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -209,6 +207,9 @@ class Http2Connection(Http2Control):
     def abort(self) -> None:
         """Drop the connection now, unsent bytes and all, and cancel every call still open."""
         self.close(at_once=True)
+        self._cancel_calls()
+
+    def _cancel_calls(self) -> None:
         for call in list(self._streams.values()):
             call.remote_closed = call.local_closed = True
             call.cancel()
@@ -426,7 +427,7 @@ class Http2Connection(Http2Control):
 
     def _data_done(self) -> None:
         call, self._data_call = self._data_call, None
-        if call is None or call.local_closed and not self._data_end:
+        if call is None or call.local_closed:  # (closed locally is closed both ways)
             return
         if self._data_end:
             call.end_of_requests()
@@ -449,28 +450,6 @@ class Http2Connection(Http2Control):
             self._write(frames.window_update(call.id, call.unacked))
             call.recv_window += call.unacked
             call.unacked = 0
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _peer(address: Any) -> str:

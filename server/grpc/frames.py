@@ -111,8 +111,8 @@ def goaway(last_stream: int, code: ErrorCode, debug: bytes = b"") -> bytes:
     return frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream, code) + debug)
 
 
-def read_u32(payload: memoryview | bytes, offset: int = 0) -> int:
-    value: int = _U32.unpack_from(payload, offset)[0]
+def read_u32(payload: memoryview | bytes) -> int:
+    value: int = _U32.unpack_from(payload)[0]
     return value
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import hpack
+from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
 
 # hpack logs every field it decodes at DEBUG: never wanted, even with --log-verbose.
@@ -161,16 +162,9 @@ def parse_timeout(value: bytes) -> float | None:
 
 def _integer(value: int, prefix_bits: int, first: int) -> bytes:
     """An HPACK integer (RFC 7541 section 5.1); ``first`` holds the bits above the prefix."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    encoded = encode_integer(value, prefix_bits)
+    encoded[0] |= first
+    return bytes(encoded)
 
 
 def _string(value: bytes) -> bytes:

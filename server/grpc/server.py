@@ -4,7 +4,6 @@ served by ``server.grpc.connection`` on the same event loop as HTTP, in plain TC
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 
@@ -16,7 +15,7 @@ from tornado.netutil import bind_sockets
 from server.generated import grpc_service_pb2 as pb
 from server.grpc import restriction
 from server.grpc.call import Method
-from server.grpc.connection import MAX_CONCURRENT_STREAMS, GrpcService
+from server.grpc.connection import GrpcService
 from server.grpc.health import NOT_SERVING, SERVING, HealthService
 from server.grpc.servicer import RAW_METHODS, InferenceServicer
 from server.listener import Listener
@@ -26,13 +25,10 @@ from server.restricted import Restrictions
 from server.settings import GrpcKeepalive
 from server.tls import TlsFiles
 
-log = logging.getLogger("server.grpc")
-
 #: Triton's limit for both directions (grpcio's default 4 MiB receive limit broke big tensors).
 MAX_MESSAGE_SIZE = 2**31 - 1
 SERVICE_NAME = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
-__all__ = ["MAX_CONCURRENT_STREAMS", "MAX_MESSAGE_SIZE", "GrpcServer", "methods"]
 
 
 def _serialize(message: Message) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 
+from server import compression
 from server.errors import InvalidArgument, Unavailable, Unsupported
 from server.memory.host_pool import BufferSource, PooledBuffer
 
@@ -128,19 +129,14 @@ class BodyReceiver:
 
 def decompress(data: memoryview, encoding: str, limit: int) -> bytes:
     """Inflate a gzip or zlib/deflate body, refusing output beyond ``limit`` bytes."""
-    # 32 + MAX_WBITS accepts both gzip and zlib headers; raw deflate is tried if that fails.
-    for wbits in (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS):
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(data, limit + 1)
-        except zlib.error:
-            continue
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise too_large(len(out) + len(inflater.unconsumed_tail), limit, binary=False)
-        if not inflater.eof:
-            raise InvalidArgument(f"truncated {encoding} request body")
-        return out
-    raise InvalidArgument(f"unable to decompress the {encoding} request body")
+    try:
+        return compression.inflate(data, limit)
+    except compression.TooLarge as exc:
+        raise too_large(exc.size, limit, binary=False) from None
+    except compression.Truncated:
+        raise InvalidArgument(f"truncated {encoding} request body") from None
+    except compression.InflateError:
+        raise InvalidArgument(f"unable to decompress the {encoding} request body") from None
 
 
 def choose_response_encoding(accept: str | None) -> str | None:

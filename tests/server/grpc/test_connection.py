@@ -166,6 +166,12 @@ def client(server: Server, config: h2.config.H2Configuration | None = None) -> I
         raw.close()
 
 
+def _still_served(server: Server) -> None:
+    """A good call on a fresh connection is answered."""
+    with client(server) as fresh:
+        assert fresh.call("/t/echo", b"good").messages() == [b"good"]
+
+
 def test_the_server_announces_its_settings_and_window() -> None:
     with serving() as server, client(server) as raw:
         assert raw.settings[SettingCodes.MAX_CONCURRENT_STREAMS] == 1000
@@ -224,6 +230,30 @@ def test_gzip_compressed_messages_are_decompressed() -> None:
 
 
 @pytest.mark.parametrize(
+    "encoding, payload, code, message",
+    [
+        ("gzip", gzip.compress(b"abc" * 100)[:-9], StatusCode.INTERNAL,
+         "cannot decompress the message: cut short"),
+        ("gzip", b"not gzip", StatusCode.INTERNAL,
+         "cannot decompress the message: not gzip or deflate data"),
+        ("snappy", b"x", StatusCode.INTERNAL, "a compressed message with grpc-encoding 'snappy'"),
+        ("gzip", gzip.compress(b"z" * 1000), StatusCode.RESOURCE_EXHAUSTED,
+         "Received message larger than max (more than 500 bytes once decompressed)"),
+    ],
+)
+def test_a_compressed_message_that_does_not_inflate_is_refused(
+    encoding: str, payload: bytes, code: StatusCode, message: str
+) -> None:
+    with serving(max_message_size=500) as server, client(server) as raw:
+        stream = raw.start("/t/echo", ("grpc-encoding", encoding))
+        raw.h2.send_data(stream, grpc_message(payload, True), end_stream=True)
+        raw.flush()
+        response = raw.finish(stream)
+        assert (response.status, response.message) == (code, message)
+        assert raw.call("/t/echo", b"after").messages() == [b"after"]
+
+
+@pytest.mark.parametrize(
     "path, code, message",
     [
         ("/t/nothing", StatusCode.UNIMPLEMENTED, "Method not found!"),
@@ -244,6 +274,7 @@ def test_a_refused_stream_is_answered_without_a_message_too() -> None:
         stream = raw.start("/t/refused")
         response = raw.finish(stream, 10 * REFUSAL_DELAY_S)
         assert response.status == StatusCode.UNAVAILABLE
+        assert raw.call("/t/echo", b"after").messages() == [b"after"]
 
 
 def test_a_message_over_the_limit_is_refused() -> None:
@@ -272,6 +303,7 @@ def test_requests_that_are_not_grpc_get_an_http_status(
         raw.h2.send_headers(stream, list(base.items()), end_stream=True)
         raw.flush()
         assert raw.finish(stream).headers[":status"] == status
+        assert raw.call("/t/echo", b"after").messages() == [b"after"]
 
 
 def test_a_client_that_is_not_http2_is_sent_goaway() -> None:
@@ -283,6 +315,7 @@ def test_a_client_that_is_not_http2_is_sent_goaway() -> None:
                 data += chunk
         assert data[3] == 0x4  # the server's SETTINGS first (then GOAWAY)
         assert b"not an HTTP/2 client" in data
+        _still_served(server)
 
 
 def test_a_large_answer_waits_for_the_clients_window() -> None:
@@ -514,6 +547,7 @@ def test_a_deadline_behind_untaken_data_resets_the_stream() -> None:
         raw.flush()
         response = raw.finish(stream, 3)
         assert response.reset == ErrorCodes.CANCEL
+        _still_served(server)
 
 
 def test_a_header_list_past_the_announced_limit_fails_its_call_alone() -> None:

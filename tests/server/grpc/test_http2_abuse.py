@@ -21,7 +21,7 @@ from h2.settings import SettingCodes
 
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
-from server.grpc.server import MAX_CONCURRENT_STREAMS
+from server.grpc.connection import MAX_CONCURRENT_STREAMS
 from tests.server.grpc.raw_http2 import RawHttp2Client
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 

@@ -393,62 +393,45 @@ class FakePinned:
         return array
 
 
-def test_with_a_gpu_raw_inputs_are_copied_once_into_pinned_memory() -> None:
-    """The raw input bytes reach the data plane in the pool's pinned buffer, the reply carries
-    them intact (also when an output is a view of an input), and the buffer goes back to the
-    pool once the reply is made."""
+@pytest.mark.parametrize(
+    "arrays, received_into_pool",
+    [
+        ((np.arange(1000, dtype=np.float32), np.arange(16, dtype=np.int32)), False),
+        ((np.arange(100_000, dtype=np.float32),), True),
+    ],
+    ids=["copied-once", "received-pinned"],
+)
+def test_with_a_gpu_raw_inputs_reach_the_data_plane_in_one_pinned_buffer(
+    arrays: tuple[np.ndarray, ...], received_into_pool: bool
+) -> None:
+    """The raw input bytes reach the data plane in the pool's pinned buffer (copied once, or
+    -- a large request the transport received into the pool -- where they were received, with
+    no second pinned copy), the reply carries them intact (also when an output is a view of an
+    input), and the buffer goes back to the pool once the reply is made."""
     fake = FakePinned()
     pool = HostBufferPool(pinned_limit=1 << 24, pinned_allocator=fake)
-    a = np.arange(1000, dtype=np.float32)
-    b = np.arange(16, dtype=np.int32)
 
     async def scenario(
         plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
     ) -> None:
         plane.echo = True
         request = _request("pinned")
-        for name, array, datatype in (("IN0", a, "FP32"), ("IN1", b, "INT32")):
-            request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        for index, array in enumerate(arrays):
+            datatype = "FP32" if array.dtype == np.float32 else "INT32"
+            request.inputs.add(name=f"IN{index}", datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(array.tobytes())
         for _ in range(3):
             reply = await stub.ModelInfer(request)
-            assert reply.raw_output_contents == [a.tobytes(), b.tobytes()]
+            assert reply.raw_output_contents == [array.tobytes() for array in arrays]
             (seen,) = plane.seen
             plane.seen.clear()
             (pinned,) = fake.arrays
             for tensor in seen.inputs:
                 assert np.shares_memory(tensor.data, pinned), tensor.name
             assert pool.stats().pinned_used == 0
-        assert pool.stats().allocations == 1, "the pinned buffer is reused"
+        assert pool.stats().allocations == 1, "one pinned buffer, reused"
 
-    _run(scenario, pool=pool)
-
-
-def test_with_a_gpu_a_large_request_received_pinned_is_not_copied_again() -> None:
-    """Received into the pool's pinned buffer by the transport, a large request's tensors reach
-    the data plane in that buffer: no second pinned copy."""
-    fake = FakePinned()
-    pool = HostBufferPool(pinned_limit=1 << 24, pinned_allocator=fake)
-    a = np.arange(100_000, dtype=np.float32)
-
-    async def scenario(
-        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
-    ) -> None:
-        plane.echo = True
-        request = _request("received pinned")
-        request.inputs.add(name="IN0", datatype="FP32", shape=[a.size])
-        request.raw_input_contents.append(a.tobytes())
-        for _ in range(3):
-            reply = await stub.ModelInfer(request)
-            assert reply.raw_output_contents == [a.tobytes()]
-            (seen,) = plane.seen
-            plane.seen.clear()
-            (pinned,) = fake.arrays
-            assert np.shares_memory(seen.inputs[0].data, pinned)
-            assert pool.stats().pinned_used == 0
-        assert pool.stats().allocations == 1, "one pinned buffer, received into and reused"
-
-    _run(scenario, pool=pool, receive_into_pool=True)
+    _run(scenario, pool=pool, receive_into_pool=received_into_pool)
 
 
 def test_without_a_gpu_raw_inputs_stay_where_protobuf_put_them() -> None:
