@@ -240,6 +240,7 @@ def test_gzip_compressed_messages_are_decompressed() -> None:
         ("gzip", gzip.compress(b"z" * 1000), StatusCode.RESOURCE_EXHAUSTED,
          "Received message larger than max (more than 500 bytes once decompressed)"),
     ],
+    ids=["truncated", "not-gzip", "unknown-encoding", "past-the-limit"],  # (gzip stamps the time)
 )
 def test_a_compressed_message_that_does_not_inflate_is_refused(
     encoding: str, payload: bytes, code: StatusCode, message: str
