@@ -218,6 +218,7 @@ def _bind_grpc(settings: Settings, dataplane: DataPlane, pool: HostBufferPool) -
         keepalive=settings.grpc_keepalive,
         buffers=pool,
         restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
+        response_compression=settings.grpc_infer_response_compression,
     )
     server.bind(settings.grpc_address, settings.grpc_port, tls.from_settings(settings))
     return server

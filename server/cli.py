@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from server import __version__, restricted, tls, triton_flags
+from server import __version__, compression, restricted, tls, triton_flags
 from server.env_flags import EPILOG, EnvironmentFlagError, flags_from_environment
 from server.settings import (
     DEFAULT_CUDA_POOL_BYTES,
@@ -70,6 +70,16 @@ def _frontends(text: str) -> int:
     if count < 0:
         raise argparse.ArgumentTypeError(f"--frontends {count} is negative")
     return count
+
+
+def _compression_level(text: str) -> str:
+    """A ``--grpc-infer-response-compression-level``, any case, as tritonserver takes it."""
+    level = text.lower()
+    if level not in compression.GRPC_LEVELS:
+        raise argparse.ArgumentTypeError(
+            "invalid argument for --grpc_infer_response_compression_level"
+        )
+    return level
 
 
 def _named_setting(text: str, flag: str, what: str) -> tuple[str, str, str]:
@@ -343,6 +353,11 @@ def build_parser() -> _Parser:
     flag("--grpc-root-cert", default=None, metavar="PATH",
          help="PEM file of the CA certificates client certificates are checked against; used "
               "with --grpc-use-ssl-mutual")
+    flag("--grpc-infer-response-compression-level", type=_compression_level, default="none",
+         metavar="|".join(compression.GRPC_LEVELS),
+         help="Compress ModelInfer and ModelStreamInfer responses: low with the first of gzip "
+              "and deflate the client accepts, medium the middle one, high the last, as grpc "
+              "core does (default: none)")
     return parser
 
 
@@ -649,4 +664,5 @@ def _settings(args: argparse.Namespace) -> Settings:
         grpc_server_cert=args.grpc_server_cert,
         grpc_server_key=args.grpc_server_key,
         grpc_root_cert=args.grpc_root_cert,
+        grpc_infer_response_compression=args.grpc_infer_response_compression_level,
     )

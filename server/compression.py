@@ -1,5 +1,6 @@
 """Inflating compressed requests, for both transports (HTTP's ``Content-Encoding``, gRPC's
-``grpc-encoding``), each of which words the refusals its own way."""
+``grpc-encoding``), each of which words the refusals its own way; and compressing gRPC's
+responses as ``--grpc-infer-response-compression-level`` asks."""
 
 from __future__ import annotations
 
@@ -39,3 +40,35 @@ def inflate(data: bytes | bytearray | memoryview, limit: int) -> bytes:
             raise Truncated("cut short")
         return out
     raise InflateError("not gzip or deflate data")
+
+
+#: ``--grpc-infer-response-compression-level``'s values, as tritonserver takes them.
+GRPC_LEVELS = ("none", "low", "medium", "high")
+#: grpc core's ranking of the algorithms a level picks from (the peer's accepted ones only).
+_GRPC_RANKING = ("gzip", "deflate")
+
+
+def grpc_algorithm(level: str, accepted: frozenset[str]) -> str | None:
+    """The algorithm grpc core compresses a response with at ``level`` for a client that
+    accepts ``accepted`` (its ``grpc-accept-encoding``): low the first of gzip and deflate the
+    client takes, medium the middle one, high the last; None (identity) at level none or when
+    the client takes neither."""
+    if level == "none":
+        return None
+    ranked = [name for name in _GRPC_RANKING if name in accepted]
+    if not ranked:
+        return None
+    if level == "low":
+        return ranked[0]
+    if level == "medium":
+        return ranked[len(ranked) // 2]
+    return ranked[-1]
+
+
+def grpc_compress(data: bytes | memoryview, algorithm: str) -> bytes | None:
+    """One message compressed as grpc core does it (zlib's default level; deflate is the zlib
+    format), or None when that would not make it smaller (it is sent as it is)."""
+    wbits = 16 + zlib.MAX_WBITS if algorithm == "gzip" else zlib.MAX_WBITS
+    deflater = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits)
+    out = deflater.compress(data) + deflater.flush()
+    return out if len(out) < len(data) else None

@@ -96,6 +96,8 @@ class Settings:
     grpc_server_cert: str | None = None
     grpc_server_key: str | None = None
     grpc_root_cert: str | None = None
+    #: --grpc-infer-response-compression-level: none, low, medium or high
+    grpc_infer_response_compression: str = "none"
 
     def frontend_count(self) -> int:
         """The front-end processes to run: ``--frontends``, or by default one per usable core

@@ -125,9 +125,7 @@ TRITON_FLAGS: dict[str, Compat] = {
     "--grpc-server-cert": _IMPLEMENTED,
     "--grpc-server-key": _IMPLEMENTED,
     "--grpc-root-cert": _IMPLEMENTED,
-    "--grpc-infer-response-compression-level": _refused(
-        "str", "compressing gRPC responses is not implemented", "none"
-    ),
+    "--grpc-infer-response-compression-level": _IMPLEMENTED,
     "--grpc-keepalive-time": _IMPLEMENTED,
     "--grpc-keepalive-timeout": _IMPLEMENTED,
     "--grpc-keepalive-permit-without-calls": _IMPLEMENTED,

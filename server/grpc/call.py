@@ -46,6 +46,9 @@ DEADLINE_EXCEEDED = "Deadline Exceeded"
 #: a buffer of the service's pool (the front end's arena), read there straight from the socket:
 #: its tensors then cross to the executor, and with a GPU to the device, without another copy.
 POOLED_MESSAGE_BYTES = 1 << 16
+#: A response message larger than this is compressed on a thread (zlib's default level takes
+#: about a millisecond per 64 KiB: longer than a thread hop).
+COMPRESS_ON_LOOP_BYTES = 1 << 14
 #: A call refused before its handler runs is answered at its first request message, or this
 #: long after its HEADERS if none comes (see ``Call.refuse``).
 REFUSAL_DELAY_S = 0.1
@@ -78,6 +81,8 @@ class Method:
     deserialize: Callable[[bytes], Any] | None = None
     serialize: Callable[[Any], bytes] | None = None
     category: str | None = None
+    #: ``--grpc-infer-response-compression-level`` for its responses (the infer methods)
+    compression: str = "none"
 
 
 class CallError(Exception):
@@ -115,6 +120,7 @@ class Call:
         "queued",
         "recv_window",
         "remote_closed",
+        "response_encoding",
         "send_window",
         "sent",
         "task",
@@ -162,6 +168,11 @@ class Call:
         self._timer: asyncio.TimerHandle | None = None
         self._finished = False
         self._refusal: tuple[StatusCode, str] | None = None
+        #: what the response messages are compressed with (None: identity)
+        self.response_encoding = (
+            None if method is None or method.compression == "none"
+            else compression.grpc_algorithm(method.compression, head.accepted)
+        )
 
     # --- the handler's context ------------------------------------------------------------
 
@@ -436,6 +447,9 @@ class Call:
         try:
             response = await method.handler(argument, self)
             payload = response if method.serialize is None else method.serialize(response)
+            compressed = None
+            if self.response_encoding is not None:
+                compressed = await self._compressed(payload, self.response_encoding)
         except AbortError as error:
             self.finish(error.code, error.message)
         except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
@@ -443,7 +457,10 @@ class Call:
         else:
             if not self._finished:
                 self._finished = True
-                self.connection.reply(self, payload)
+                if compressed is None:
+                    self.connection.reply(self, payload)
+                else:
+                    self.connection.reply(self, compressed, compressed=True)
 
     async def _serve_stream(self, request: _Received | None) -> None:
         """A response-streaming call (the only kind a streaming request has here): its
@@ -481,9 +498,25 @@ class Call:
         """Send one response message; return once flow control has taken all of it."""
         if self._finished:
             return
-        sent = self.connection.send_message(self, payload)
+        compressed = None
+        if self.response_encoding is not None:
+            compressed = await self._compressed(payload, self.response_encoding)
+            if self._finished:
+                return
+        if compressed is None:
+            sent = self.connection.send_message(self, payload)
+        else:
+            sent = self.connection.send_message(self, compressed, compressed=True)
         if sent is not None:
             await sent
+
+    @staticmethod
+    async def _compressed(payload: bytes, encoding: str) -> bytes | None:
+        """``payload`` compressed with ``encoding`` (a large one on a thread); None when it
+        would not get smaller."""
+        if len(payload) > COMPRESS_ON_LOOP_BYTES:
+            return await run_in_thread(None, compression.grpc_compress, payload, encoding)
+        return compression.grpc_compress(payload, encoding)
 
     def finish(self, code: StatusCode, message: str) -> None:
         """End the call with its status (the first ending counts)."""

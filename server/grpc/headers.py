@@ -50,6 +50,7 @@ class RequestHead:
     encoding: str  # grpc-encoding ("identity" when absent)
     metadata: tuple[tuple[str, str | bytes], ...]  # the rest; "-bin" values base64-decoded
     size: int  # of the header list as HPACK counts it (each field 32 bytes more)
+    accepted: frozenset[str] = frozenset()  # grpc-accept-encoding's names, lower case
 
     @property
     def is_grpc(self) -> bool:
@@ -118,6 +119,7 @@ def _head(fields: Iterable[tuple[bytes, bytes]]) -> RequestHead:
     path = ""
     timeout: float | None = None
     encoding = "identity"
+    accepted: frozenset[str] = frozenset()
     metadata: list[tuple[str, str | bytes]] = []
     size = 0
     for name, value in fields:
@@ -133,9 +135,15 @@ def _head(fields: Iterable[tuple[bytes, bytes]]) -> RequestHead:
             timeout = parse_timeout(value)
         elif name == b"grpc-encoding":
             encoding = value.decode("latin-1")
+        elif name == b"grpc-accept-encoding":
+            accepted = frozenset(
+                part.strip().lower() for part in value.decode("latin-1").split(",")
+            )
         elif name not in _TRANSPORT:
             metadata.append(_metadata(name, value))
-    return RequestHead(method, path, content_type, timeout, encoding, tuple(metadata), size)
+    return RequestHead(
+        method, path, content_type, timeout, encoding, tuple(metadata), size, accepted
+    )
 
 
 def _metadata(name: bytes, value: bytes) -> tuple[str, str | bytes]:
@@ -183,6 +191,11 @@ _STATUS_NAME = 8  # the static table's ":status"
 _CONTENT_TYPE_NAME = 31  # the static table's "content-type"
 #: The response's HEADERS block.
 RESPONSE = _STATUS_200 + literal(_CONTENT_TYPE_NAME, b"application/grpc")
+#: The response's HEADERS block of a call whose messages are compressed, by algorithm.
+COMPRESSED_RESPONSE = {
+    name: RESPONSE + literal(b"grpc-encoding", name.encode("ascii"))
+    for name in ("gzip", "deflate")
+}
 #: The trailers of a call that succeeded.
 OK_TRAILERS = literal(b"grpc-status", b"0")
 

@@ -35,9 +35,16 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-def methods(servicer: InferenceServicer, health: HealthService) -> dict[str, Method]:
+#: The methods whose responses ``--grpc-infer-response-compression-level`` compresses.
+INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
+
+
+def methods(
+    servicer: InferenceServicer, health: HealthService, compression: str = "none"
+) -> dict[str, Method]:
     """Every RPC of the inference service (read from its descriptor) and of health, by path.
-    ``RAW_METHODS`` take and give serialized bytes; the others protobuf messages."""
+    ``RAW_METHODS`` take and give serialized bytes; the others protobuf messages. The infer
+    methods' responses are compressed at level ``compression``, as tritonserver's are."""
     table: dict[str, Method] = {}
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     for method in service.methods:
@@ -51,6 +58,7 @@ def methods(servicer: InferenceServicer, health: HealthService) -> dict[str, Met
             deserialize=None if raw else request_class.FromString,
             serialize=None if raw else _serialize,
             category=restriction.METHOD_CATEGORIES.get(path),
+            compression=compression if method.name in INFER_METHODS else "none",
         )
     for name, streaming in (("Check", False), ("Watch", True)):
         path = f"/{HEALTH_SERVICE}/{name}"
@@ -75,15 +83,17 @@ class GrpcServer:
         keepalive: GrpcKeepalive | None = None,
         restrictions: Restrictions | None = None,
         buffers: BufferSource | None = None,
+        response_compression: str = "none",
     ) -> None:
         """``pool``: pinned buffers for raw inputs (one process with a GPU); ``buffers``:
         where large requests are received (``GrpcService``); ``restrictions``:
         ``--grpc-restricted-protocol``'s (checked per call when some category is restricted;
-        none costs nothing)."""
+        none costs nothing); ``response_compression``:
+        ``--grpc-infer-response-compression-level``."""
         self._dataplane = dataplane
         self._health = HealthService()
         self._service = GrpcService(
-            methods(InferenceServicer(dataplane, pool), self._health),
+            methods(InferenceServicer(dataplane, pool), self._health, response_compression),
             keepalive or GrpcKeepalive(),
             restriction.refusal(restrictions) if restrictions else None,
             MAX_MESSAGE_SIZE,

@@ -118,7 +118,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._pings.forgive()
         self._keepalive.data_sent()
 
-    def reply(self, call: Call, payload: bytes) -> None:
+    def reply(self, call: Call, payload: bytes, compressed: bool = False) -> None:
         """A unary call's answer: HEADERS, the message, and OK trailers."""
         if call.local_closed:
             return
@@ -127,15 +127,16 @@ class Http2Streams(asyncio.BufferedProtocol):
             size > self._send_window or size > call.send_window or size > self._peer_max_frame
             or self._paused or self._table_update or call.headers_sent
         ):
-            self.send_message(call, payload)
+            self.send_message(call, payload, compressed)
             self.send_status(call, StatusCode.OK, "")
             return
         self._send_window -= size
         stream = call.id
+        block = _response_headers(call)
         head = (
-            frames.header(frames.HEADERS, _END_HEADERS, stream, len(_RESPONSE)) + _RESPONSE
+            frames.header(frames.HEADERS, _END_HEADERS, stream, len(block)) + block
             + frames.header(frames.DATA, 0, stream, size)
-            + b"\x00" + len(payload).to_bytes(4, "big")
+            + _prefix(len(payload), compressed)
         )
         tail = frames.header(frames.HEADERS, _END_HEADERS | _END_STREAM, stream,
                              len(_OK_TRAILERS)) + _OK_TRAILERS
@@ -147,15 +148,17 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._keepalive.data_sent()
         self._closed_locally(call)
 
-    def send_message(self, call: Call, payload: bytes) -> asyncio.Future[None] | None:
-        """Queue one response message; None once it is all written, else a future that
-        is done when it is."""
+    def send_message(
+        self, call: Call, payload: bytes, compressed: bool = False
+    ) -> asyncio.Future[None] | None:
+        """Queue one response message (``compressed`` with the call's response encoding);
+        None once it is all written, else a future that is done when it is."""
         if call.local_closed:
             return None
         if not call.headers_sent:
             call.headers_sent = True
-            self._write_headers(call.id, _RESPONSE, False)
-        call.outgoing.append(b"\x00" + len(payload).to_bytes(4, "big"))
+            self._write_headers(call.id, _response_headers(call), False)
+        call.outgoing.append(_prefix(len(payload), compressed))
         call.outgoing.append(payload)
         call.queued += len(payload) + PREFIX_SIZE
         self._flush(call)
@@ -270,3 +273,14 @@ class Http2Streams(asyncio.BufferedProtocol):
 def _abort_if_open(transport: asyncio.Transport) -> None:
     if transport.get_write_buffer_size():  # still sending: the client reads nothing
         transport.abort()
+
+
+def _response_headers(call: Call) -> bytes:
+    """The HEADERS block that starts ``call``'s response (naming its grpc-encoding if any)."""
+    encoding = call.response_encoding
+    return _RESPONSE if encoding is None else headers.COMPRESSED_RESPONSE[encoding]
+
+
+def _prefix(length: int, compressed: bool) -> bytes:
+    """gRPC's message prefix: the compressed flag, the big-endian length."""
+    return (b"\x01" if compressed else b"\x00") + length.to_bytes(4, "big")

@@ -47,6 +47,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
             keepalive=settings.grpc_keepalive,
             buffers=pool,
             restrictions=restricted.for_grpc(settings.grpc_restricted_protocols),
+            response_compression=settings.grpc_infer_response_compression,
         )
         grpc_server.bind(
             settings.grpc_address, 0, tls.from_settings(settings),

@@ -160,6 +160,24 @@ def test_bad_frontends_are_refused(value: str, capsys: pytest.CaptureFixture[str
     assert "--frontends" in capsys.readouterr().err
 
 
+def test_grpc_response_compression_level() -> None:
+    assert parse_settings(["--model-repository=/m"]).grpc_infer_response_compression == "none"
+    for given, level in (("low", "low"), ("Medium", "medium"), ("HIGH", "high")):
+        settings = parse_settings(
+            ["--model-repository=/m", f"--grpc-infer-response-compression-level={given}"]
+        )
+        assert settings.grpc_infer_response_compression == level
+
+
+def test_a_bad_compression_level_is_refused_with_tritons_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-repository=/m", "--grpc-infer-response-compression-level=max"])
+    assert exc.value.code == 2
+    assert "invalid argument for --grpc_infer_response_compression_level" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("word", ["tritonserver", "/opt/tritonserver/bin/tritonserver"])
 def test_a_leading_tritonserver_word_is_dropped(word: str) -> None:
     settings = parse_settings([word, "--model-repository=/m", "--http-port=9000"])

@@ -1,4 +1,5 @@
-"""Inflating compressed requests (``server.compression``), shared by HTTP and gRPC."""
+"""Inflating compressed requests (``server.compression``), shared by HTTP and gRPC; and gRPC's
+response compression."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import zlib
 
 import pytest
 
-from server.compression import InflateError, TooLarge, Truncated, inflate
+from server.compression import (
+    InflateError,
+    TooLarge,
+    Truncated,
+    grpc_algorithm,
+    grpc_compress,
+    inflate,
+)
 
 DATA = b"tensor bytes " * 1000
 
@@ -37,3 +45,33 @@ def test_a_cut_stream_and_garbage_are_refused() -> None:
         inflate(gzip.compress(DATA)[:-20], len(DATA))
     with pytest.raises(InflateError):
         inflate(b"\x00\x01 not compressed", len(DATA))
+
+
+@pytest.mark.parametrize(
+    "level, accepted, algorithm",
+    [
+        ("none", {"identity", "gzip", "deflate"}, None),
+        ("low", {"identity", "gzip", "deflate"}, "gzip"),
+        ("medium", {"identity", "gzip", "deflate"}, "deflate"),
+        ("high", {"identity", "gzip", "deflate"}, "deflate"),
+        ("low", {"identity", "deflate"}, "deflate"),
+        ("high", {"gzip"}, "gzip"),
+        ("medium", {"identity"}, None),
+        ("high", set(), None),  # no grpc-accept-encoding at all
+    ],
+)
+def test_a_level_picks_from_what_the_client_accepts_as_grpc_core_does(
+    level: str, accepted: set[str], algorithm: str | None
+) -> None:
+    assert grpc_algorithm(level, frozenset(accepted)) == algorithm
+
+
+def test_grpc_compress_writes_gzip_and_zlib() -> None:
+    packed = grpc_compress(DATA, "gzip")
+    assert packed is not None and packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == DATA
+    packed = grpc_compress(memoryview(DATA), "deflate")
+    assert packed is not None and zlib.decompress(packed) == DATA
+
+
+def test_a_message_that_does_not_shrink_is_left_as_it_is() -> None:
+    assert grpc_compress(bytes(range(10)), "gzip") is None

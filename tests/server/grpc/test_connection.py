@@ -94,6 +94,8 @@ class Handlers:
         table["/t/ticks"] = Method(self.ticks, response_streaming=True)
         table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
         table["/t/refused"] = Method(self.echo, category="secret")
+        table["/t/compressed"] = Method(self.echo, compression="low")
+        table["/t/compressed_ticks"] = Method(self.ticks, response_streaming=True, compression="high")
         return table
 
 
@@ -227,6 +229,51 @@ def test_gzip_compressed_messages_are_decompressed() -> None:
         raw.h2.send_data(stream, grpc_message(gzip.compress(b"abc" * 100), True), end_stream=True)
         raw.flush()
         assert raw.finish(stream).messages() == [b"abc" * 100]
+
+
+def _flags_and_messages(data: bytes | bytearray) -> list[tuple[int, bytes]]:
+    out, pos = [], 0
+    while pos + 5 <= len(data):
+        length = int.from_bytes(data[pos + 1 : pos + 5], "big")
+        out.append((data[pos], bytes(data[pos + 5 : pos + 5 + length])))
+        pos += 5 + length
+    return out
+
+
+def test_responses_are_compressed_with_what_the_level_picks_from_the_accepted() -> None:
+    payload = b"compress me " * 100
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/compressed", payload, ("grpc-accept-encoding", "identity,deflate,gzip"))
+        assert response.headers["grpc-encoding"] == "gzip"  # low: the first of gzip, deflate
+        [(flag, message)] = _flags_and_messages(response.data)
+        assert flag == 1 and gzip.decompress(message) == payload
+        assert response.status == StatusCode.OK
+        # A client that accepts neither gets the message as it is.
+        response = raw.call("/t/compressed", payload)
+        assert "grpc-encoding" not in response.headers
+        assert _flags_and_messages(response.data) == [(0, payload)]
+        # Nor is a method without a level compressed.
+        response = raw.call("/t/echo", payload, ("grpc-accept-encoding", "gzip"))
+        assert _flags_and_messages(response.data) == [(0, payload)]
+
+
+def test_a_response_that_does_not_shrink_goes_uncompressed_under_the_calls_encoding() -> None:
+    with serving() as server, client(server) as raw:
+        response = raw.call("/t/compressed", b"abc", ("grpc-accept-encoding", "gzip"))
+        assert response.headers["grpc-encoding"] == "gzip"
+        assert _flags_and_messages(response.data) == [(0, b"abc")]
+
+
+def test_streamed_responses_are_compressed_each() -> None:
+    with serving() as server, client(server) as raw:
+        stream = raw.start("/t/compressed_ticks", ("grpc-accept-encoding", "gzip, deflate"))
+        raw.h2.send_data(stream, grpc_message(b"x" * 100), end_stream=True)
+        raw.flush()
+        raw.wait(lambda: len(_flags_and_messages(raw.responses[stream].data)) >= 3)
+        response = raw.responses[stream]
+        assert response.headers["grpc-encoding"] == "deflate"  # high: the last accepted
+        # "tick" does not shrink: each goes as it is, under the call's encoding.
+        assert {flag for flag, _ in _flags_and_messages(response.data)} == {0}
 
 
 @pytest.mark.parametrize(
