@@ -1,6 +1,7 @@
-"""Inflating compressed requests, for both transports (HTTP's ``Content-Encoding``, gRPC's
-``grpc-encoding``), each of which words the refusals its own way; and compressing gRPC's
-responses as ``--grpc-infer-response-compression-level`` asks."""
+"""Compression for both transports: inflating compressed requests (HTTP's
+``Content-Encoding``, gRPC's ``grpc-encoding``), each of which words the refusals its own way,
+and compressing responses (HTTP's ``Accept-Encoding``, and gRPC's as
+``--grpc-infer-response-compression-level`` asks)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def inflate(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     raise InflateError("not gzip or deflate data")
 
 
+def compress(parts: list[memoryview | bytes], encoding: str) -> bytes:
+    """``parts`` as one gzip or zlib ("deflate") stream, at zlib's default level (6)."""
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    deflater = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits)
+    out = [deflater.compress(part) for part in parts]
+    out.append(deflater.flush())
+    return b"".join(out)
+
+
 #: ``--grpc-infer-response-compression-level``'s values, as tritonserver takes them.
 GRPC_LEVELS = ("none", "low", "medium", "high")
 #: grpc core's ranking of the algorithms a level picks from (the peer's accepted ones only).
@@ -68,7 +78,5 @@ def grpc_algorithm(level: str, accepted: frozenset[str]) -> str | None:
 def grpc_compress(data: bytes | memoryview, algorithm: str) -> bytes | None:
     """One message compressed as grpc core does it (zlib's default level; deflate is the zlib
     format), or None when that would not make it smaller (it is sent as it is)."""
-    wbits = 16 + zlib.MAX_WBITS if algorithm == "gzip" else zlib.MAX_WBITS
-    deflater = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits)
-    out = deflater.compress(data) + deflater.flush()
+    out = compress([data], algorithm)
     return out if len(out) < len(data) else None

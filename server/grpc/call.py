@@ -426,16 +426,9 @@ class Call:
         method = self.method
         assert method is not None
         try:
-            message = await self._inflated(request)
+            return _deserialized(method, await self._inflated(request))
         except CallError as error:
             self.finish(error.code, error.message)
-            return None
-        if method.deserialize is None:
-            return message
-        try:
-            return method.deserialize(bytes(message))
-        except Exception:  # noqa: BLE001 - the client's bytes
-            self.finish(StatusCode.INTERNAL, "Exception deserializing request!")
             return None
 
     async def _answer_unary(self, request: _Received) -> None:
@@ -447,9 +440,9 @@ class Call:
         try:
             response = await method.handler(argument, self)
             payload = response if method.serialize is None else method.serialize(response)
-            compressed = None
+            compressed = False
             if self.response_encoding is not None:
-                compressed = await self._compressed(payload, self.response_encoding)
+                payload, compressed = await _compressed(payload, self.response_encoding)
         except AbortError as error:
             self.finish(error.code, error.message)
         except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
@@ -457,10 +450,7 @@ class Call:
         else:
             if not self._finished:
                 self._finished = True
-                if compressed is None:
-                    self.connection.reply(self, payload)
-                else:
-                    self.connection.reply(self, compressed, compressed=True)
+                self.connection.reply(self, payload, compressed)
 
     async def _serve_stream(self, request: _Received | None) -> None:
         """A response-streaming call (the only kind a streaming request has here): its
@@ -498,25 +488,14 @@ class Call:
         """Send one response message; return once flow control has taken all of it."""
         if self._finished:
             return
-        compressed = None
+        compressed = False
         if self.response_encoding is not None:
-            compressed = await self._compressed(payload, self.response_encoding)
+            payload, compressed = await _compressed(payload, self.response_encoding)
             if self._finished:
                 return
-        if compressed is None:
-            sent = self.connection.send_message(self, payload)
-        else:
-            sent = self.connection.send_message(self, compressed, compressed=True)
+        sent = self.connection.send_message(self, payload, compressed)
         if sent is not None:
             await sent
-
-    @staticmethod
-    async def _compressed(payload: bytes, encoding: str) -> bytes | None:
-        """``payload`` compressed with ``encoding`` (a large one on a thread); None when it
-        would not get smaller."""
-        if len(payload) > COMPRESS_ON_LOOP_BYTES:
-            return await run_in_thread(None, compression.grpc_compress, payload, encoding)
-        return compression.grpc_compress(payload, encoding)
 
     def finish(self, code: StatusCode, message: str) -> None:
         """End the call with its status (the first ending counts)."""
@@ -586,18 +565,33 @@ class _Requests:
         return self
 
     async def __anext__(self) -> Any:
+        call = self._call
         try:
-            message = await self._call.read()
+            message = await call.read()
+            if message is None:
+                raise StopAsyncIteration
+            assert call.method is not None  # (a call without one runs no handler)
+            return _deserialized(call.method, message)
         except CallError as error:
             raise AbortError(error.code, error.message) from None
-        if message is None:
-            raise StopAsyncIteration
-        method = self._call.method
-        if method is None or method.deserialize is None:
-            return message
-        try:
-            return method.deserialize(bytes(message))
-        except Exception:  # noqa: BLE001 - the client's bytes
-            raise AbortError(StatusCode.INTERNAL, "Exception deserializing request!") from None
 
 
+def _deserialized(method: Method, message: Message) -> Any:
+    """The handler's view of a request message: as it is for a raw method, else parsed;
+    ``CallError`` for one that does not parse."""
+    if method.deserialize is None:
+        return message
+    try:
+        return method.deserialize(bytes(message))
+    except Exception:  # noqa: BLE001 - the client's bytes
+        raise CallError(StatusCode.INTERNAL, "Exception deserializing request!") from None
+
+
+async def _compressed(payload: bytes, encoding: str) -> tuple[bytes, bool]:
+    """A response message as it goes out with the call's ``encoding``: compressed (a large one
+    on a thread), or as it is when that would not make it smaller; and whether it was."""
+    if len(payload) > COMPRESS_ON_LOOP_BYTES:
+        packed = await run_in_thread(None, compression.grpc_compress, payload, encoding)
+    else:
+        packed = compression.grpc_compress(payload, encoding)
+    return (payload, False) if packed is None else (packed, True)

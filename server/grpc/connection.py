@@ -262,7 +262,6 @@ class Http2Connection(Http2Control):
                 return
             self._start = pos + frames.HEADER_SIZE + length
             self._frame(kind, flags, stream, view[pos + frames.HEADER_SIZE : self._start])
-            view = self._view  # (a handler may have grown the buffer: never, but cheap)
 
     def _frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
         if kind == frames.HEADERS:

@@ -203,7 +203,8 @@ class InferenceServicer:
         received = time.perf_counter_ns()
         # (With a GPU the raw inputs are copied into pinned memory, small ones too, unless
         # they were received there.)
-        pinned = getattr(context.request_buffer, "pinned", False)
+        buffer = context.request_buffer
+        pinned = buffer is not None and buffer.pinned
         message, raw = grpc_codec.split_request(request, not self._pins() or pinned)
         trace = TraceContext("GRPC", received, time.perf_counter_ns(), _traceparent(context))
         return await self._infer(message, raw, len(request), trace, pinned)

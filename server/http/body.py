@@ -7,8 +7,6 @@ kept, and again after decompression.
 
 from __future__ import annotations
 
-import zlib
-
 from server import compression
 from server.errors import InvalidArgument, Unavailable, Unsupported
 from server.memory.host_pool import BufferSource, PooledBuffer
@@ -162,11 +160,3 @@ def choose_response_encoding(accept: str | None) -> str | None:
         if best is None or rank > best:
             best = rank
     return best[2] if best else None
-
-
-def compress(parts: list[memoryview | bytes], encoding: str) -> bytes:
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    deflater = zlib.compressobj(6, zlib.DEFLATED, wbits)
-    out = [deflater.compress(part) for part in parts]
-    out.append(deflater.flush())
-    return b"".join(out)

@@ -26,6 +26,7 @@ import orjson
 from tornado import httputil
 from tornado.log import access_log, gen_log
 
+from server import compression
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import log
@@ -273,12 +274,12 @@ class InferExchange(httputil.HTTPMessageDelegate):
         else:
             fields = self._response_fields("application/json")
         parts: list[memoryview | bytes] = [encoded.header, *encoded.blobs]
-        compression = http_body.choose_response_encoding(self._headers.get("Accept-Encoding"))
-        if compression is not None:
-            fields.append(("Content-Encoding", compression))
+        encoding = http_body.choose_response_encoding(self._headers.get("Accept-Encoding"))
+        if encoding is not None:
+            fields.append(("Content-Encoding", encoding))
             # zlib releases the GIL: deflate off the event loop.
             # run_in_thread: the parts may view the request buffer, released once this returns.
-            compressed = await run_in_thread(None, http_body.compress, parts, compression)
+            compressed = await run_in_thread(None, compression.compress, parts, encoding)
             self._answer(200, "OK", fields, compressed)
             return
         if encoded.size <= _SMALL_RESPONSE:

@@ -288,6 +288,9 @@ class ArenaBuffer:
     frees the block once."""
 
     __slots__ = ("_block", "_pool", "_released", "offset", "view")
+    #: Not to this process: the front end that holds it never copies to a GPU (the executor
+    #: registers the whole arena as pinned for its own copies).
+    pinned = False
 
     def __init__(self, pool: ArenaPool, offset: int, block: memoryview, nbytes: int) -> None:
         self._pool = pool

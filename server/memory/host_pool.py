@@ -81,6 +81,11 @@ class PooledBuffer(Protocol):
     view: memoryview  # the bytes asked for (or set by ``resize``)
 
     @property
+    def pinned(self) -> bool:
+        """Page-locked for this process's CUDA copies (no further pinned copy is needed)."""
+        ...
+
+    @property
     def capacity(self) -> int: ...
 
     def resize(self, nbytes: int) -> None: ...

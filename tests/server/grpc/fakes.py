@@ -39,6 +39,8 @@ class FakeTransport:
 class Buffer:
     """A pooled buffer that counts its releases."""
 
+    pinned = False
+
     def __init__(self, nbytes: int) -> None:
         self.view = memoryview(bytearray(nbytes))
         self.released = 0

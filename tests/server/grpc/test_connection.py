@@ -9,6 +9,7 @@ import gzip
 import socket
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,6 +79,11 @@ class Handlers:
         finally:
             self.cleaned_up += 1
 
+    async def chunks(self, request: bytes, context: CallContext) -> AsyncIterator[bytes]:
+        """The request three times over, one reply each."""
+        for _ in range(3):
+            yield bytes(request)
+
     async def metadata(self, request: bytes, context: CallContext) -> bytes:
         return repr(sorted(context.invocation_metadata())).encode()
 
@@ -95,7 +101,9 @@ class Handlers:
         table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
         table["/t/refused"] = Method(self.echo, category="secret")
         table["/t/compressed"] = Method(self.echo, compression="low")
-        table["/t/compressed_ticks"] = Method(self.ticks, response_streaming=True, compression="high")
+        table["/t/compressed_chunks"] = Method(
+            self.chunks, response_streaming=True, compression="high"
+        )
         return table
 
 
@@ -266,14 +274,15 @@ def test_a_response_that_does_not_shrink_goes_uncompressed_under_the_calls_encod
 
 def test_streamed_responses_are_compressed_each() -> None:
     with serving() as server, client(server) as raw:
-        stream = raw.start("/t/compressed_ticks", ("grpc-accept-encoding", "gzip, deflate"))
-        raw.h2.send_data(stream, grpc_message(b"x" * 100), end_stream=True)
-        raw.flush()
-        raw.wait(lambda: len(_flags_and_messages(raw.responses[stream].data)) >= 3)
-        response = raw.responses[stream]
+        response = raw.call(
+            "/t/compressed_chunks", b"x" * 1000, ("grpc-accept-encoding", "gzip, deflate")
+        )
+        assert response.status == StatusCode.OK
         assert response.headers["grpc-encoding"] == "deflate"  # high: the last accepted
-        # "tick" does not shrink: each goes as it is, under the call's encoding.
-        assert {flag for flag, _ in _flags_and_messages(response.data)} == {0}
+        replies = _flags_and_messages(response.data)
+        assert len(replies) == 3
+        for flag, message in replies:
+            assert flag == 1 and zlib.decompress(message) == b"x" * 1000
 
 
 @pytest.mark.parametrize(

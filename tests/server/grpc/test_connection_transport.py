@@ -129,4 +129,3 @@ def test_what_is_written_while_parsing_goes_out_past_a_bound() -> None:
         connection._write_batch()
 
     asyncio.run(main())
-
