@@ -35,16 +35,21 @@ log = logging.getLogger("server.grpc")
 
 #: A request message as the handler gets it: its own bytes, or a view of a pooled buffer.
 Message = bytes | bytearray | memoryview
+#: A message of a raw streaming method as its handler iterates it: its own bytes, or (a large
+#: one) the pooled buffer it was received in, which the handler now owns and releases.
+StreamMessage = Message | PooledBuffer
 #: A message as it came: its compressed flag and its bytes (inflated on a thread, see
 #: ``Call._inflated``).
-_Received = tuple[int, Message]
+_Received = tuple[int, StreamMessage]
+_OWN_BYTES = (bytes, bytearray, memoryview)
 
 #: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
 PREFIX_SIZE = 5
 DEADLINE_EXCEEDED = "Deadline Exceeded"
-#: A unary request message of a raw method (ModelInfer) at least this large is put together in
-#: a buffer of the service's pool (the front end's arena), read there straight from the socket:
-#: its tensors then cross to the executor, and with a GPU to the device, without another copy.
+#: A request message of a raw method (ModelInfer, each of ModelStreamInfer's) at least this
+#: large is put together in a buffer of the service's pool (the front end's arena), read there
+#: straight from the socket: its tensors then cross to the executor, and with a GPU to the
+#: device, without another copy.
 POOLED_MESSAGE_BYTES = 1 << 16
 #: A response message larger than this is compressed on a thread (zlib's default level takes
 #: about a millisecond per 64 KiB: longer than a thread hop).
@@ -72,8 +77,9 @@ class CallContext(Protocol):
 class Method:
     """An RPC the server answers: its handler, the kinds of its request and response (a
     streaming request has a streaming response: the services here have no other kind), how
-    its messages are read and written (None: the handler takes and gives bytes), and its
-    category for ``--grpc-restricted-protocol``."""
+    its messages are read and written (None: the handler takes and gives bytes; then large
+    request messages are pooled, see ``POOLED_MESSAGE_BYTES``), and its category for
+    ``--grpc-restricted-protocol``."""
 
     handler: Callable[..., Any]
     request_streaming: bool = False
@@ -251,43 +257,43 @@ class Call:
                     flag, length = self._prefix[0], int.from_bytes(self._prefix[1:], "big")
                     self._prefix = b""
                 self._check(flag, length)
-                if length >= POOLED_MESSAGE_BYTES and not flag and self._pools():
-                    self._pool_message(length)
-                elif end - pos >= length:  # all of it here (a small message, nearly always)
-                    self._deliver(flag, chunk[pos : pos + length].tobytes())
-                    pos += length
-                    continue
-                else:
+                if length < POOLED_MESSAGE_BYTES or flag or not self._pool_message(length):
+                    if end - pos >= length:  # all of it here (a small message, nearly always)
+                        self._deliver(flag, chunk[pos : pos + length].tobytes())
+                        pos += length
+                        continue
                     self._message = bytearray()
                 self._flag, self._left = flag, length
             taken_view = chunk[pos : pos + self._left]
             pos += len(taken_view)
             self.filled(taken_view)
 
-    def _pools(self) -> bool:
-        """Whether this call's request message goes into a pooled buffer."""
-        method = self.method
-        return (
-            self.connection.service.buffers is not None
-            and method is not None
-            and method.deserialize is None
-            and not method.request_streaming
-            and not method.response_streaming
-            and self._request is None
-        )
-
-    def _pool_message(self, length: int) -> None:
+    def _pool_message(self, length: int) -> bool:
+        """Put the message coming next together in a pooled buffer, when this call's messages
+        go into one: a raw method's, unary or each of a stream's. Whether it does: a stream's
+        message that finds the pool full is put together in its own bytes (failing it would
+        end the stream); a unary request is refused, before it is stored."""
         buffers = self.connection.service.buffers
-        assert buffers is not None
+        method = self.method
+        if buffers is None or method is None or method.deserialize is not None:
+            return False
+        streaming = method.request_streaming
+        if not streaming and method.response_streaming:
+            return False
         try:
             self._pooled = buffers.acquire(length)
-        except InferenceServerError as error:  # the arena is full: refused before storing
+        except InferenceServerError as error:  # the arena is full
+            if streaming:
+                return False
             raise CallError(status_code(error), error.message) from None
         except MemoryError:
+            if streaming:
+                return False
             raise CallError(
                 StatusCode.RESOURCE_EXHAUSTED, f"no memory for a {length}-byte request"
             ) from None
         self._message = None
+        return True
 
     @property
     def pooled_space(self) -> memoryview | None:
@@ -318,7 +324,11 @@ class Call:
                 message, self._message = self._message, None
                 self._deliver(self._flag, message)
             elif self._pooled is not None:
-                self._deliver(self._flag, self._pooled.view)
+                if self.method is not None and self.method.request_streaming:
+                    pooled, self._pooled = self._pooled, None  # the handler's, once read
+                    self._deliver(self._flag, pooled)
+                else:
+                    self._deliver(self._flag, self._pooled.view)
 
     def _check(self, flag: int, length: int) -> None:
         if flag > 1:
@@ -334,19 +344,30 @@ class Call:
         ):
             raise CallError(StatusCode.INTERNAL, "more than one request message in a unary call")
 
-    def _deliver(self, flag: int, message: Message) -> None:
+    def _deliver(self, flag: int, message: StreamMessage) -> None:
         if self.method is not None and self.method.request_streaming:
+            if self._finished:  # nobody will read it
+                _drop(message)
+                return
             self._messages.append((flag, message))
             self._wake_reader()
         else:
+            assert isinstance(message, _OWN_BYTES)
             self._request = (flag, message)
 
-    async def _inflated(self, received: _Received) -> Message:
+    def _drop_unread(self) -> None:
+        """Messages of a stream whose handler is over: their pooled buffers go back."""
+        messages, self._messages = self._messages, collections.deque()
+        for _, message in messages:
+            _drop(message)
+
+    async def _inflated(self, received: _Received) -> StreamMessage:
         """A message as the handler takes it: inflated, on a thread (a small message can
         inflate to up to the message limit); ``CallError`` for one that does not inflate."""
         flag, message = received
         if not flag:
             return message
+        assert isinstance(message, _OWN_BYTES)  # (compressed messages are not pooled)
         return await run_in_thread(None, self._inflate, message)
 
     def _inflate(self, message: Message) -> bytes:
@@ -376,6 +397,7 @@ class Call:
         if method is None or self._finished:
             return
         if method.request_streaming:
+            self._release_pooled()  # a message cut short: never delivered
             self._wake_reader()
             return
         if self._left or self._prefix:
@@ -392,7 +414,7 @@ class Call:
             else:
                 self._run(self._serve_unary(request))
 
-    async def read(self) -> Message | None:
+    async def read(self) -> StreamMessage | None:
         """The next request message of a streaming call; None once the client has sent all.
         ``CallError`` for one that does not inflate."""
         while not self._messages:
@@ -426,7 +448,9 @@ class Call:
         method = self.method
         assert method is not None
         try:
-            return _deserialized(method, await self._inflated(request))
+            message = await self._inflated(request)
+            assert isinstance(message, _OWN_BYTES)  # (a unary request is never handed over)
+            return _deserialized(method, message)
         except CallError as error:
             self.finish(error.code, error.message)
             return None
@@ -479,6 +503,9 @@ class Call:
             # Its own clean-up (a stream's running requests stopped) runs now, not when the
             # collector finds it, and the call counts until it has.
             await replies.aclose()
+            # (The call is finished: messages still to come are dropped as they complete.)
+            self._release_pooled()
+            self._drop_unread()
 
     def _failed(self, exc: Exception) -> None:
         log.error("an RPC handler of %s failed", self.head.path, exc_info=exc)
@@ -538,9 +565,10 @@ class Call:
         self._finished = True
         self._stop_timer()
         if self.task is not None:
-            self.task.cancel()  # it frees the pooled request when it ends
+            self.task.cancel()  # it frees the pooled request(s) when it ends
         else:
             self._release_pooled()  # no handler holds the request
+            self._drop_unread()
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
         waiters, self.waiters = self.waiters, collections.deque()
@@ -576,11 +604,17 @@ class _Requests:
             raise AbortError(error.code, error.message) from None
 
 
-def _deserialized(method: Method, message: Message) -> Any:
+def _drop(message: StreamMessage) -> None:
+    if not isinstance(message, _OWN_BYTES):
+        message.release()
+
+
+def _deserialized(method: Method, message: StreamMessage) -> Any:
     """The handler's view of a request message: as it is for a raw method, else parsed;
     ``CallError`` for one that does not parse."""
     if method.deserialize is None:
         return message
+    assert isinstance(message, _OWN_BYTES)  # (messages that deserialize are not pooled)
     try:
         return method.deserialize(bytes(message))
     except Exception:  # noqa: BLE001 - the client's bytes

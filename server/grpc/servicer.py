@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 from server import log_settings
 from server.errors import InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
-from server.grpc.call import CallContext
+from server.grpc.call import CallContext, Message, StreamMessage
 from server.grpc.sequence_order import SequenceOrder
 from server.grpc.status import status_code
 from server.grpc.stream_window import StreamWindow
-from server.memory.host_pool import HostBuffer, HostBufferPool
+from server.memory.host_pool import HostBuffer, HostBufferPool, PooledBuffer
 from server.plane import Plane
 from server.protocol import grpc_codec
 from server.protocol.model_spec import ModelSpec
@@ -71,6 +71,10 @@ def _decode(
             offset = end
         raw = views
     return grpc_codec.decode_request(request, spec, raw)
+
+
+def _release(buffer: PooledBuffer, _: object) -> None:
+    buffer.release()
 
 
 def _traceparent(context: Context) -> str:
@@ -237,12 +241,15 @@ class InferenceServicer:
         size: int,
         stream: bool,
         trace: TraceContext | None = None,
+        received_pinned: bool = False,
     ) -> AsyncGenerator[bytes, None]:
         """The serialized replies: one ``ModelInferResponse``, or with ``stream`` each
         ``ModelStreamInferResponse`` (a decoupled model's many; an error among them as an
         ``error_message`` reply)."""
         with self._dataplane.gate.admit():
-            spec, decoded, pinned = await self._prepare(request, raw, size, stream, trace)
+            spec, decoded, pinned = await self._prepare(
+                request, raw, size, stream, trace, received_pinned
+            )
             try:
                 if spec is None or not spec.decoupled:
                     response = await self._dataplane.infer(decoded)
@@ -315,14 +322,16 @@ class InferenceServicer:
 
     async def ModelStreamInfer(
         self,
-        request_iterator: AsyncIterator[bytes],
+        request_iterator: AsyncIterator[StreamMessage],
         context: Context,
     ) -> AsyncIterator[bytes]:
         """Requests run concurrently (those of one sequence one after the other, see
         ``SequenceOrder``); each reply goes out when ready (maybe out of order) and carries
         its request's id. A failed request is an ``error_message`` reply: the stream
         stays open. While the client leaves replies unread, the stream stops reading requests
-        (``StreamWindow``)."""
+        (``StreamWindow``). A large request comes in the pooled buffer the transport received
+        it in (as ModelInfer's); it goes back once its request has its last reply, and the
+        data plane no longer reads it."""
         replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         window = StreamWindow()
@@ -330,14 +339,14 @@ class InferenceServicer:
 
         traceparent = _traceparent(context)
 
-        async def answer(data: bytes) -> None:
+        async def answer(data: Message, pinned: bool) -> None:
             request = pb.ModelInferRequest()
             try:
                 received = time.perf_counter_ns()
-                request, raw = grpc_codec.split_request(data, not self._pins())
+                request, raw = grpc_codec.split_request(data, not self._pins() or pinned)
                 trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
                 async with order.turn(request).wait():
-                    async for reply in self._replies(request, raw, len(data), True, trace):
+                    async for reply in self._replies(request, raw, len(data), True, trace, pinned):
                         window.replied(len(reply))
                         replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
@@ -349,11 +358,17 @@ class InferenceServicer:
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
-                    window.read(len(request))
-                    task = asyncio.create_task(answer(request))
+                async for message in request_iterator:
+                    if isinstance(message, bytes | bytearray | memoryview):
+                        data, buffer = message, None
+                    else:
+                        data, buffer = message.view, message
+                    window.read(len(data))
+                    task = asyncio.create_task(answer(data, buffer is not None and buffer.pinned))
                     running.add(task)
                     task.add_done_callback(running.discard)
+                    if buffer is not None:  # also a task cancelled before it ever ran
+                        task.add_done_callback(functools.partial(_release, buffer))
                     await window.room()
                 while running:
                     await asyncio.wait(list(running))

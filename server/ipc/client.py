@@ -63,7 +63,6 @@ class ExecutorClient:
         self._streams: dict[int, asyncio.Queue[m.Streamed | m.Failed]] = {}
         self._ids = itertools.count(1)
         self._specs: dict[tuple[str, str], ModelSpec] = {}
-        self._draining: set[asyncio.Task[None]] = set()
         self._connected = False
 
     async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
@@ -299,7 +298,8 @@ class ExecutorClient:
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
         """``infer`` answered by a stream of replies (``Streamed``). The arena blocks of the
         inputs are freed once the executor has sent its last reply; a stream given up before
-        that tells the executor to drop it and frees them when it has."""
+        that tells the executor to drop it, and ends only once it has (as ``infer``: the
+        caller may then reuse the inputs' buffers, a pooled gRPC message)."""
         owned: list[int] = []
         call_id: int | None = None
         ended = False
@@ -323,7 +323,7 @@ class ExecutorClient:
             if ended or call_id is None:
                 self._end_stream(call_id, owned)
             else:
-                self._abandon_stream(call_id, owned)
+                await self._abandon_stream(call_id, owned)
 
     def _stream_reply(self, item: m.Streamed) -> StreamReply:
         error = None if item.error is None else error_from(item.error, item.message)
@@ -336,9 +336,11 @@ class ExecutorClient:
         for offset in owned:
             self._free(offset)
 
-    def _abandon_stream(self, call_id: int, owned: list[int]) -> None:
-        """Drop stream ``call_id``: tell the executor, and once its last reply is in (its
-        outputs released), free the inputs' blocks."""
+    async def _abandon_stream(self, call_id: int, owned: list[int]) -> None:
+        """Drop stream ``call_id``: tell the executor, and wait, also through further
+        cancellations, for its last reply (its outputs released); then free the inputs'
+        blocks. It comes soon (a dropped request is answered at once), or the executor is
+        gone and ``_on_lost`` ends the stream."""
         replies = self._streams.get(call_id)
         if replies is None or self._channel is None or not self._connected:
             self._end_stream(call_id, owned)
@@ -358,9 +360,12 @@ class ExecutorClient:
             finally:
                 self._end_stream(call_id, owned)
 
-        task = asyncio.get_running_loop().create_task(drain())
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+        drained = asyncio.ensure_future(drain())
+        while not drained.done():
+            try:
+                await asyncio.shield(drained)
+            except asyncio.CancelledError:
+                continue
 
     def _describe(
         self, request: InferRequest, owned: list[int], stream: bool = False

@@ -94,11 +94,28 @@ class Handlers:
             self.read.append(request)
             yield request
 
+    async def own_stream(
+        self, requests: AsyncIterator[Any], context: CallContext
+    ) -> AsyncIterator[bytes]:
+        """Replies to each request with itself; a pooled one is recorded and released, as
+        the servicer does once its request is answered."""
+        async for request in requests:
+            if isinstance(request, bytes | bytearray):
+                yield bytes(request)
+            else:
+                self.buffers.append(request)
+                reply = bytes(request.view)
+                request.release()
+                yield reply
+
     def methods(self) -> dict[str, Method]:
         unary = ("echo", "block", "fail", "abort", "long_abort", "metadata")
         table = {f"/t/{name}": Method(getattr(self, name)) for name in unary}
         table["/t/ticks"] = Method(self.ticks, response_streaming=True)
         table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
+        table["/t/own_stream"] = Method(
+            self.own_stream, request_streaming=True, response_streaming=True
+        )
         table["/t/refused"] = Method(self.echo, category="secret")
         table["/t/compressed"] = Method(self.echo, compression="low")
         table["/t/compressed_chunks"] = Method(
@@ -520,8 +537,8 @@ def test_going_away_finishes_open_calls_then_closes() -> None:
 @pytest.mark.parametrize("frame_size", [16_384, 100_000, 1 << 20])
 def test_a_large_request_is_received_into_a_pooled_buffer(frame_size: int) -> None:
     """The handler gets a view of the pool's buffer (filled straight from the socket where a
-    DATA frame allows), which goes back once the handler is over; small requests and
-    streaming calls are not pooled."""
+    DATA frame allows), which goes back once the handler is over; small requests are not
+    pooled."""
     pool = Pool()
     payload = bytes(range(256)) * 1000
     wire = grpc_message(payload)
@@ -557,6 +574,58 @@ def test_a_pooled_request_given_up_returns_its_buffer() -> None:
         raw.flush()
         raw.wait(lambda: len(pool.given) == 2)
     assert pool.given[1].released == 1  # the connection closed mid-message
+
+
+@pytest.mark.parametrize("frame_size", [16_384, 1 << 20])
+def test_each_large_message_of_a_stream_comes_in_a_pooled_buffer_its_handler_owns(
+    frame_size: int,
+) -> None:
+    """The handler iterates the buffers themselves (it releases each once its request is
+    answered); small messages come as bytes."""
+    pool = Pool()
+    large = [bytes([i]) * 100_000 for i in (1, 2)]
+    wire = grpc_message(large[0]) + grpc_message(b"small") + grpc_message(large[1])
+    with serving(buffers=pool) as server, client(server) as raw:
+        stream = raw.start("/t/own_stream")
+        for start in range(0, len(wire), frame_size):
+            raw.h2.send_data(stream, wire[start : start + frame_size])
+            raw.flush()
+        raw.h2.end_stream(stream)
+        raw.flush()
+        response = raw.finish(stream)
+        assert response.status == 0
+        assert response.messages() == [large[0], b"small", large[1]]
+        assert server.handlers.buffers == pool.given and len(pool.given) == 2
+        assert [buffer.released for buffer in pool.given] == [1, 1]
+
+
+def test_pooled_stream_messages_nobody_read_go_back_when_the_stream_ends() -> None:
+    """Read or not, cut short or whole: every pooled buffer of a reset stream is released."""
+    pool = Pool()
+    wire = grpc_message(b"u" * 100_000)
+    with serving(buffers=pool) as server, client(server) as raw:
+        stream = raw.start("/t/stream")  # reads nothing until ``release``
+        raw.h2.send_data(stream, wire + wire + wire[:50_000])
+        raw.flush()
+        raw.wait(lambda: len(pool.given) == 3)
+        raw.h2.reset_stream(stream, ErrorCodes.CANCEL)
+        raw.flush()
+        raw.wait(lambda: all(buffer.released for buffer in pool.given))
+        assert [buffer.released for buffer in pool.given] == [1, 1, 1]
+        _still_served(server)
+
+
+def test_a_stream_message_that_finds_the_pool_full_comes_as_bytes() -> None:
+    """Refusing it would end the whole stream: it is kept in its own bytes, as a small one."""
+    pool = Pool()
+    pool.full = True
+    with serving(buffers=pool) as server, client(server) as raw:
+        stream = raw.start("/t/own_stream")
+        raw.h2.send_data(stream, grpc_message(b"f" * 100_000), end_stream=True)
+        raw.flush()
+        response = raw.finish(stream)
+        assert response.status == 0 and response.messages() == [b"f" * 100_000]
+        assert pool.given == [] and server.handlers.buffers == []
 
 
 def test_a_full_pool_refuses_the_request_before_storing_it() -> None:

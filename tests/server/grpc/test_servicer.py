@@ -401,8 +401,9 @@ class FakePinned:
     ],
     ids=["copied-once", "received-pinned"],
 )
+@pytest.mark.parametrize("streamed", [False, True], ids=["ModelInfer", "ModelStreamInfer"])
 def test_with_a_gpu_raw_inputs_reach_the_data_plane_in_one_pinned_buffer(
-    arrays: tuple[np.ndarray, ...], received_into_pool: bool
+    arrays: tuple[np.ndarray, ...], received_into_pool: bool, streamed: bool
 ) -> None:
     """The raw input bytes reach the data plane in the pool's pinned buffer (copied once, or
     -- a large request the transport received into the pool -- where they were received, with
@@ -420,15 +421,22 @@ def test_with_a_gpu_raw_inputs_reach_the_data_plane_in_one_pinned_buffer(
             datatype = "FP32" if array.dtype == np.float32 else "INT32"
             request.inputs.add(name=f"IN{index}", datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(array.tobytes())
+        stream = stub.ModelStreamInfer() if streamed else None
         for _ in range(3):
-            reply = await stub.ModelInfer(request)
+            if stream is None:
+                reply = await stub.ModelInfer(request)
+            else:
+                await stream.write(request)
+                reply = (await stream.read()).infer_response
             assert reply.raw_output_contents == [array.tobytes() for array in arrays]
             (seen,) = plane.seen
             plane.seen.clear()
             (pinned,) = fake.arrays
             for tensor in seen.inputs:
                 assert np.shares_memory(tensor.data, pinned), tensor.name
-            assert pool.stats().pinned_used == 0
+            assert await settled(lambda: pool.stats().pinned_used, quiet=0.05) == 0
+        if stream is not None:
+            await stream.done_writing()
         assert pool.stats().allocations == 1, "one pinned buffer, reused"
 
     _run(scenario, pool=pool, receive_into_pool=received_into_pool)

@@ -718,6 +718,41 @@ def test_stream_error_reply_carries_the_id_and_the_stream_goes_on(
         assert reply.infer_response.raw_output_contents[0] == (SIMPLE_A + SIMPLE_B).tobytes()
 
 
+def test_stream_of_large_requests_each_answered_with_its_own_data(
+    server: ServerProcess,
+) -> None:
+    """Messages over ``POOLED_MESSAGE_BYTES`` are each received into a pooled buffer (the
+    front end's arena) and run concurrently: every reply holds its own request's data, an
+    error mid-stream included, and the buffers are reused by the requests that follow."""
+    count = 24
+    collector = Collector(count + 1)
+    sent: dict[str, np.ndarray] = {}
+    rng = np.random.default_rng(7)
+    with grpcclient.InferenceServerClient(server.grpc_url) as stream_client:
+        stream_client.start_stream(callback=collector)
+        try:
+            for i in range(count):
+                if i == count // 2:
+                    stream_client.async_stream_infer(
+                        "simple",
+                        [_input("INPUT0", np.zeros((1, 50_000), np.int32), "INT32")],
+                        request_id="bad",
+                    )
+                # 256 KiB to 1 MiB, different each time
+                data = rng.random((1, 65536 * (1 + i % 4)), dtype=np.float32)
+                sent[f"big{i}"] = data
+                stream_client.async_stream_infer(
+                    "identity_fp32", [_input("INPUT0", data, "FP32")], request_id=f"big{i}"
+                )
+            collector.wait(timeout=60)
+        finally:
+            stream_client.stop_stream()
+    assert len(collector.errors) == 1
+    assert sorted(r.get_response().id for r in collector.results) == sorted(sent)
+    for result in collector.results:
+        _assert_identical(result.as_numpy("OUTPUT0"), sent[result.get_response().id])
+
+
 def test_large_tensor_round_trip(client: grpcclient.InferenceServerClient) -> None:
     """64 MiB each way: past grpcio's 4 MiB default limit."""
     count = 16 * 1024 * 1024

@@ -244,6 +244,38 @@ def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answe
     run(models, body)
 
 
+def test_a_stream_given_up_ends_only_once_the_executor_has_answered(models: Path) -> None:
+    """Its inputs may lie in a block its caller frees as soon as the stream ends (a pooled
+    gRPC message): it ends, through a second cancellation too, only once the executor's last
+    reply is in."""
+    async def body(seam: Seam) -> None:
+        gate = hold(seam, "ident")
+        block = seam.pool.acquire(4 * 65536 * 4)  # where the transport received the message
+        data = np.frombuffer(block.view, dtype=np.float32).reshape(4, 65536)
+
+        async def consume() -> None:
+            async for _ in seam.client.infer_stream(ident_request(4, 65536, data)):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)
+        streams_at_the_end: list[int] = []
+        task.add_done_callback(lambda _: streams_at_the_end.append(len(seam.client._streams)))
+        task.cancel()
+        await asyncio.sleep(0)  # it has sent Cancel and waits for the last reply
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert streams_at_the_end == [0]  # it ended only after the executor's answer
+        block.release()
+        assert seam.pool.bytes_in_use == 0
+        stats = await seam.client.statistics("ident", "")
+        assert stats.model_stats[0].inference_stats.fail.count == 1  # it never ran
+        gate.set()
+        assert (await seam.client.infer(add_sub_request())).outputs
+    run(models, body)
+
+
 def test_a_request_cancelled_just_as_its_answer_arrives_frees_the_answers_blocks(
     models: Path,
 ) -> None:
