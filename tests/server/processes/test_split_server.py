@@ -23,6 +23,7 @@ import pytest
 from scripts import make_models
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
+from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
 from tests.server_process import ServerProcess, start_server
 
 FRONTENDS = 2
@@ -338,6 +339,90 @@ def test_a_full_arena_is_503_before_the_body_is_stored_and_recovers(models: Path
         while server.request("POST", "/v2/models/simple/infer", _body())[0] != 200:
             assert time.monotonic() < deadline, server.log
             time.sleep(0.1)
+        assert server.stop() == 0
+    finally:
+        server.stop()
+
+
+def _ident_request(request_id: str, model: str = "ident") -> pb.ModelInferRequest:
+    """About 600 KB: a ModelStreamInfer message that takes a 1 MiB arena block."""
+    data = np.full((1, 150_000), float(len(request_id)), dtype=np.float32)
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=list(data.shape))
+    request.raw_input_contents.append(data.tobytes())
+    return request
+
+
+def _arena_blocks_all_free(server: ServerProcess, blocks: int) -> bool:
+    """``blocks`` slow uploads of a whole body each are all taken (none answered at once),
+    and one more is refused: every block of the arena is free."""
+    import socket
+
+    head = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: 1000000\r\n\r\n{")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(blocks + 1):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.settimeout(0.5)
+            sock.sendall(head)
+            held.append(sock)
+        answered = []
+        for sock in held:
+            try:
+                answered.append(sock.recv(12) == b"HTTP/1.1 503")
+            except TimeoutError:
+                answered.append(False)
+        return answered == [False] * blocks + [True]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_abandoned_streams_of_large_messages_leave_the_arena_whole(models: Path) -> None:
+    """ModelStreamInfer messages of 600 KB, each received into its own block of a four-block
+    arena (more at once than it holds: the rest come as bytes), answered, failed, given up
+    with replies and messages unread, cut short mid-message: afterwards every block is free."""
+    make_models.save(
+        make_models.identity("FP32", ["batch", -1]), models / "ident" / "1" / "model.onnx"
+    )
+    server = start_server(models, args=(
+        "--frontends=1", "--http-max-input-size=1048576", "--pinned-memory-pool-byte-size=4194304",
+    ))
+    try:
+        assert server.port is not None and server.grpc_port is not None, server.log
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            requests = [_ident_request(f"r{i}") for i in range(6)]
+            requests.insert(3, _ident_request("bad", "no_such_model"))
+            replies = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+            assert sorted(r.infer_response.id for r in replies if not r.error_message) == [
+                f"r{i}" for i in range(6)
+            ]
+            assert [r.error_message for r in replies if r.error_message] == [
+                "Request for unknown model: 'no_such_model' is not found"
+            ]
+            for round_ in range(20):
+                call = stub.ModelStreamInfer(
+                    iter([_ident_request(f"g{round_}-{i}") for i in range(8)]), timeout=30
+                )
+                next(call)  # one reply read, the others left
+                call.cancel()
+        path = "/inference.GRPCInferenceService/ModelStreamInfer"
+        for _ in range(10):
+            raw = RawHttp2Client(server.grpc_port)
+            raw.wait(lambda raw=raw: bool(raw.settings))  # (the server's window is larger)
+            stream = raw.start(path)
+            wire = grpc_message(_ident_request("cut").SerializeToString())
+            raw.h2.send_data(stream, wire + wire[: len(wire) // 2])
+            raw.flush()
+            time.sleep(0.02)
+            raw.close()  # the connection goes mid-message
+        deadline = time.monotonic() + 10
+        while not _arena_blocks_all_free(server, 4):
+            assert time.monotonic() < deadline, "arena blocks still held"
+            time.sleep(0.2)
+        assert server.request("POST", "/v2/models/simple/infer", _body())[0] == 200
         assert server.stop() == 0
     finally:
         server.stop()
