@@ -7,7 +7,9 @@ NVIDIA's perf_analyzer measures each in turn on these rows:
 - ``simple-http``: ``simple`` over HTTP (perf_analyzer sends binary tensors), concurrency 8;
 - ``simple-grpc``: ``simple`` over gRPC, concurrency 8;
 - ``mlp-on`` / ``mlp-off``: ``mlp`` over gRPC, concurrency 32, dynamic batching on / off;
-- ``identity-16mb``: ``identity_fp32`` with a 16 MiB FP32 input over HTTP, concurrency 1.
+- ``identity-16mb``: ``identity_fp32`` with a 16 MiB FP32 input over HTTP, concurrency 1;
+- ``identity-4mb-stream``: ``identity_fp32`` with 4 MiB inputs over gRPC ModelStreamInfer
+  (``--streaming``), concurrency 4.
 
 Each row is run ``--repeat`` times, the servers alternating which goes first; the tables show
 the median (and the lowest) infer/s, the median p50/p99 latency, tensorgate ÷ Triton, batching
@@ -93,7 +95,7 @@ class Row:
     protocol: str  # "http" | "grpc"
     concurrency: int
     target: float | None  # tensorgate ÷ Triton asked for by issue 15 ("Done when")
-    shape: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()  # more perf_analyzer flags
 
 
 ROWS = (
@@ -104,6 +106,9 @@ ROWS = (
     # 16 MiB of FP32 (dims [-1] after the batch dimension)
     Row("identity-16mb", "identity_fp32 16 MiB HTTP c=1", "identity_fp32", "http", 1, 2.3,
         ("--shape", "INPUT0:4194304")),
+    # 4 MiB requests on one ModelStreamInfer stream per perf_analyzer thread
+    Row("identity-4mb-stream", "identity_fp32 4 MiB gRPC stream c=4", "identity_fp32", "grpc",
+        4, None, ("--shape", "INPUT0:1048576", "--streaming")),
 )
 ROW_KEYS = {row.key: row for row in ROWS}
 SWEEP_ROW = ROW_KEYS["simple-http"]
@@ -461,7 +466,7 @@ def measure(
     port = server.http_port if row.protocol == "http" else server.grpc_port
     assert port is not None and server.http_port is not None
     argv = ["-m", row.model, "-u", f"127.0.0.1:{port}", "-i", row.protocol,
-            f"--concurrency-range={row.concurrency}", *row.shape]
+            f"--concurrency-range={row.concurrency}", *row.flags]
     result = Measurement(label, row.key)
     if warm_up:
         run_perf_analyzer(settings, argv, 300, 1000, 3)
