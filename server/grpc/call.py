@@ -275,8 +275,8 @@ class Call:
         end the stream); a unary request is refused, before it is stored."""
         buffers = self.connection.service.buffers
         method = self.method
-        if buffers is None or method is None or method.deserialize is not None:
-            return False
+        if buffers is None or method is None or method.deserialize is not None or self._finished:
+            return False  # (a finished call handles no more messages: no block for them)
         streaming = method.request_streaming
         if not streaming and method.response_streaming:
             return False
