@@ -41,7 +41,8 @@ StreamMessage = Message | PooledBuffer
 #: A message as it came: its compressed flag and its bytes (inflated on a thread, see
 #: ``Call._inflated``).
 _Received = tuple[int, StreamMessage]
-_OWN_BYTES = (bytes, bytearray, memoryview)
+#: The types of a message in its own bytes (``isinstance``: the rest are pooled buffers).
+OWN_BYTES = (bytes, bytearray, memoryview)
 
 #: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
 PREFIX_SIZE = 5
@@ -352,7 +353,7 @@ class Call:
             self._messages.append((flag, message))
             self._wake_reader()
         else:
-            assert isinstance(message, _OWN_BYTES)
+            assert isinstance(message, OWN_BYTES)
             self._request = (flag, message)
 
     def _drop_unread(self) -> None:
@@ -367,7 +368,7 @@ class Call:
         flag, message = received
         if not flag:
             return message
-        assert isinstance(message, _OWN_BYTES)  # (compressed messages are not pooled)
+        assert isinstance(message, OWN_BYTES)  # (compressed messages are not pooled)
         return await run_in_thread(None, self._inflate, message)
 
     def _inflate(self, message: Message) -> bytes:
@@ -449,7 +450,7 @@ class Call:
         assert method is not None
         try:
             message = await self._inflated(request)
-            assert isinstance(message, _OWN_BYTES)  # (a unary request is never handed over)
+            assert isinstance(message, OWN_BYTES)  # (a unary request is never handed over)
             return _deserialized(method, message)
         except CallError as error:
             self.finish(error.code, error.message)
@@ -605,7 +606,7 @@ class _Requests:
 
 
 def _drop(message: StreamMessage) -> None:
-    if not isinstance(message, _OWN_BYTES):
+    if not isinstance(message, OWN_BYTES):
         message.release()
 
 
@@ -614,7 +615,7 @@ def _deserialized(method: Method, message: StreamMessage) -> Any:
     ``CallError`` for one that does not parse."""
     if method.deserialize is None:
         return message
-    assert isinstance(message, _OWN_BYTES)  # (messages that deserialize are not pooled)
+    assert isinstance(message, OWN_BYTES)  # (messages that deserialize are not pooled)
     try:
         return method.deserialize(bytes(message))
     except Exception:  # noqa: BLE001 - the client's bytes

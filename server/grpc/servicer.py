@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from server import log_settings
 from server.errors import InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
-from server.grpc.call import CallContext, Message, StreamMessage
+from server.grpc.call import OWN_BYTES, CallContext, Message, StreamMessage
 from server.grpc.sequence_order import SequenceOrder
 from server.grpc.status import status_code
 from server.grpc.stream_window import StreamWindow
@@ -359,7 +359,7 @@ class InferenceServicer:
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    if isinstance(message, bytes | bytearray | memoryview):
+                    if isinstance(message, OWN_BYTES):
                         data, buffer = message, None
                     else:
                         data, buffer = message.view, message

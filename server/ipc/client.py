@@ -346,26 +346,20 @@ class ExecutorClient:
             self._end_stream(call_id, owned)
             return
         self._channel.send(m.Cancel(call_id))
-
-        async def drain() -> None:
-            try:
-                while True:
-                    item = await replies.get()
-                    if isinstance(item, m.Failed):
-                        return
-                    if item.done is not None:
-                        self._given_up(item.done)
-                    if item.final:
-                        return
-            finally:
-                self._end_stream(call_id, owned)
-
-        drained = asyncio.ensure_future(drain())
-        while not drained.done():
-            try:
-                await asyncio.shield(drained)
-            except asyncio.CancelledError:
-                continue
+        try:
+            while True:
+                try:
+                    item = await replies.get()  # (a cancelled get leaves the item queued)
+                except asyncio.CancelledError:
+                    continue
+                if isinstance(item, m.Failed):
+                    return
+                if item.done is not None:
+                    self._given_up(item.done)
+                if item.final:
+                    return
+        finally:
+            self._end_stream(call_id, owned)
 
     def _describe(
         self, request: InferRequest, owned: list[int], stream: bool = False
