@@ -193,6 +193,17 @@ def client(server: Server, config: h2.config.H2Configuration | None = None) -> I
         raw.close()
 
 
+def _send_in_frames(raw: RawHttp2Client, path: str, wire: bytes, frame_size: int) -> int:
+    """A call to ``path`` whose request bytes go in DATA frames of ``frame_size``: its stream."""
+    stream = raw.start(path)
+    for start in range(0, len(wire), frame_size):
+        raw.h2.send_data(stream, wire[start : start + frame_size])
+        raw.flush()
+    raw.h2.end_stream(stream)
+    raw.flush()
+    return stream
+
+
 def _still_served(server: Server) -> None:
     """A good call on a fresh connection is answered."""
     with client(server) as fresh:
@@ -543,12 +554,7 @@ def test_a_large_request_is_received_into_a_pooled_buffer(frame_size: int) -> No
     payload = bytes(range(256)) * 1000
     wire = grpc_message(payload)
     with serving(buffers=pool) as server, client(server) as raw:
-        stream = raw.start("/t/echo")
-        for start in range(0, len(wire), frame_size):
-            raw.h2.send_data(stream, wire[start : start + frame_size])
-            raw.flush()
-        raw.h2.end_stream(stream)
-        raw.flush()
+        stream = _send_in_frames(raw, "/t/echo", wire, frame_size)
         assert raw.finish(stream).messages() == [payload]
         [buffer] = pool.given
         assert server.handlers.buffers == [buffer]
@@ -586,12 +592,7 @@ def test_each_large_message_of_a_stream_comes_in_a_pooled_buffer_its_handler_own
     large = [bytes([i]) * 100_000 for i in (1, 2)]
     wire = grpc_message(large[0]) + grpc_message(b"small") + grpc_message(large[1])
     with serving(buffers=pool) as server, client(server) as raw:
-        stream = raw.start("/t/own_stream")
-        for start in range(0, len(wire), frame_size):
-            raw.h2.send_data(stream, wire[start : start + frame_size])
-            raw.flush()
-        raw.h2.end_stream(stream)
-        raw.flush()
+        stream = _send_in_frames(raw, "/t/own_stream", wire, frame_size)
         response = raw.finish(stream)
         assert response.status == 0
         assert response.messages() == [large[0], b"small", large[1]]

@@ -219,6 +219,19 @@ def test_a_cancelled_request_never_runs_and_its_blocks_are_freed(models: Path) -
     run(models, body)
 
 
+async def cancelled_twice(task: asyncio.Task[Any], waiting: Callable[[], int]) -> int:
+    """Cancel ``task``, and again once it has sent Cancel and waits for the executor's answer;
+    how many requests were ``waiting()`` when it ended."""
+    at_the_end: list[int] = []
+    task.add_done_callback(lambda _: at_the_end.append(waiting()))
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return at_the_end[0]
+
+
 def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answered(
     models: Path,
 ) -> None:
@@ -230,14 +243,8 @@ def test_a_request_cancelled_twice_holds_its_blocks_until_the_executor_has_answe
         data = np.ones((4, 65536), dtype=np.float32)
         task = asyncio.create_task(seam.client.infer(ident_request(4, 65536, data)))
         await asyncio.sleep(0.1)
-        waiting_at_the_end: list[int] = []
-        task.add_done_callback(lambda _: waiting_at_the_end.append(len(seam.client._pending)))
-        task.cancel()
-        await asyncio.sleep(0)  # it has sent Cancel and waits for the final answer
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert waiting_at_the_end == [0]  # it ended only after the executor's answer
+        # it ended only after the executor's answer
+        assert await cancelled_twice(task, lambda: len(seam.client._pending)) == 0
         assert seam.pool.bytes_in_use == 0
         gate.set()
         assert (await seam.client.infer(add_sub_request())).outputs
@@ -259,14 +266,8 @@ def test_a_stream_given_up_ends_only_once_the_executor_has_answered(models: Path
 
         task = asyncio.create_task(consume())
         await asyncio.sleep(0.1)
-        streams_at_the_end: list[int] = []
-        task.add_done_callback(lambda _: streams_at_the_end.append(len(seam.client._streams)))
-        task.cancel()
-        await asyncio.sleep(0)  # it has sent Cancel and waits for the last reply
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert streams_at_the_end == [0]  # it ended only after the executor's answer
+        # it ended only after the executor's answer
+        assert await cancelled_twice(task, lambda: len(seam.client._streams)) == 0
         block.release()
         assert seam.pool.bytes_in_use == 0
         stats = await seam.client.statistics("ident", "")
