@@ -44,6 +44,37 @@ _Received = tuple[int, StreamMessage]
 #: The types of a message in its own bytes (``isinstance``: the rest are pooled buffers).
 OWN_BYTES = (bytes, bytearray, memoryview)
 
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """A response message in parts that view memory owned elsewhere (the executor's output
+    arena): they are written as they are, not joined, and ``release`` is called once the
+    kernel has taken all of them, or once they will never be sent (the stream reset, the
+    connection gone)."""
+
+    parts: list[bytes | memoryview]
+    size: int
+    release: Callable[[], None]
+
+    def joined(self) -> bytes:
+        """The message in bytes of its own, the views released."""
+        try:
+            return b"".join(self.parts)
+        finally:
+            self.release()
+
+
+#: A response message of a raw method's handler.
+Payload = bytes | Views
+
+
+def discard(payload: Payload) -> None:
+    """A response message that will not be sent: the memory it views goes back."""
+    if isinstance(payload, Views):
+        payload.release()
+
+
 #: gRPC's message prefix: a compressed flag and a big-endian 4-byte length.
 PREFIX_SIZE = 5
 DEADLINE_EXCEEDED = "Deadline Exceeded"
@@ -126,6 +157,7 @@ class Call:
         "outgoing",
         "queued",
         "recv_window",
+        "releases",
         "remote_closed",
         "response_encoding",
         "send_window",
@@ -161,6 +193,8 @@ class Call:
         self.sent = 0  # of which written
         self.trailers: bytes | None = None  # to send once ``outgoing`` is empty
         self.waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        #: each queued ``Views`` message's release, with ``queued`` at its end
+        self.releases: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         # gRPC: the request messages.
         self._prefix = b""
@@ -465,17 +499,26 @@ class Call:
         try:
             response = await method.handler(argument, self)
             payload = response if method.serialize is None else method.serialize(response)
-            compressed = False
-            if self.response_encoding is not None:
-                payload, compressed = await _compressed(payload, self.response_encoding)
+            payload, compressed = await self._encoded(payload)
         except AbortError as error:
             self.finish(error.code, error.message)
         except Exception as exc:  # noqa: BLE001 - a handler's fault fails its call alone
             self._failed(exc)
         else:
-            if not self._finished:
+            if self._finished:
+                discard(payload)
+            else:
                 self._finished = True
                 self.connection.reply(self, payload, compressed)
+
+    async def _encoded(self, payload: Payload) -> tuple[Payload, bool]:
+        """``payload`` as it goes out: compressed with the call's encoding (views joined
+        first: compressing copies anyway), and whether it was."""
+        if self.response_encoding is None:
+            return payload, False
+        if isinstance(payload, Views):
+            payload = payload.joined()
+        return await _compressed(payload, self.response_encoding)
 
     async def _serve_stream(self, request: _Received | None) -> None:
         """A response-streaming call (the only kind a streaming request has here): its
@@ -492,6 +535,7 @@ class Call:
         try:
             async for response in replies:
                 if self._finished:
+                    discard(response)
                     break
                 await self.send(response if method.serialize is None else method.serialize(response))
         except AbortError as error:
@@ -512,15 +556,15 @@ class Call:
         log.error("an RPC handler of %s failed", self.head.path, exc_info=exc)
         self.finish(StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: Payload) -> None:
         """Send one response message; return once flow control has taken all of it."""
         if self._finished:
+            discard(payload)
             return
-        compressed = False
-        if self.response_encoding is not None:
-            payload, compressed = await _compressed(payload, self.response_encoding)
-            if self._finished:
-                return
+        payload, compressed = await self._encoded(payload)
+        if self._finished:
+            discard(payload)
+            return
         sent = self.connection.send_message(self, payload, compressed)
         if sent is not None:
             await sent

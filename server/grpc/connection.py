@@ -129,6 +129,8 @@ class Http2Connection(Http2Control):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport, but are ones.
         self._transport = cast(asyncio.Transport, transport)
+        # Told when its buffer empties: releases of written views wait for that (streams).
+        self._transport.set_write_buffer_limits(high=0)
         self.service.connections.add(self)
         self._write(
             frames.settings(
@@ -149,6 +151,7 @@ class Http2Connection(Http2Control):
         self._cancel_calls()
         self._streams.clear()
         self._blocked.clear()
+        self._release_unsettled()  # the transport holds nothing any more
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -213,6 +216,7 @@ class Http2Connection(Http2Control):
         for call in list(self._streams.values()):
             call.remote_closed = call.local_closed = True
             call.cancel()
+            self._abandon_views(call)
 
     def eof_received(self) -> bool | None:
         return None  # close the transport

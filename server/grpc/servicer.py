@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 from server import log_settings
 from server.errors import InvalidArgument, Unsupported, reported
 from server.generated import grpc_service_pb2 as pb
-from server.grpc.call import OWN_BYTES, CallContext, Message, StreamMessage
+from server.grpc.call import (
+    OWN_BYTES,
+    CallContext,
+    Message,
+    Payload,
+    StreamMessage,
+    Views,
+    discard,
+)
 from server.grpc.sequence_order import SequenceOrder
 from server.grpc.status import status_code
 from server.grpc.stream_window import StreamWindow
@@ -73,6 +81,10 @@ def _decode(
     return grpc_codec.decode_request(request, spec, raw)
 
 
+def _size(reply: Payload) -> int:
+    return reply.size if isinstance(reply, Views) else len(reply)
+
+
 def _release(buffer: PooledBuffer, _: object) -> None:
     buffer.release()
 
@@ -84,6 +96,10 @@ def _traceparent(context: Context) -> str:
             return value if isinstance(value, str) else value.decode("latin-1")
     return ""
 
+
+#: A reply whose outputs lie in the executor's arena is sent from there when its tensors take
+#: at least this many bytes (joining smaller ones into one write costs less than the parts).
+VIEWED_REPLY_BYTES = 1 << 16
 
 #: Triton's answer to a unary inference request for a decoupled model (UNSUPPORTED).
 MODEL_INFER_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
@@ -200,7 +216,7 @@ class InferenceServicer:
         )
 
     @_unary
-    async def ModelInfer(self, request: bytes | memoryview, context: Context) -> bytes:
+    async def ModelInfer(self, request: bytes | memoryview, context: Context) -> Payload:
         """Serialized in and out (see ``RAW_METHODS``): tensor bytes are not copied twice. A
         large request arrives as a view of the pool's buffer the transport received it in
         (``context.request_buffer``): pinned with a GPU, or the front end's arena."""
@@ -220,7 +236,7 @@ class InferenceServicer:
         size: int,
         trace: TraceContext,
         received_pinned: bool = False,
-    ) -> bytes:
+    ) -> Payload:
         """The serialized ``ModelInferResponse``: ``_replies`` without an async generator,
         which unary calls (most of them) need not pay for."""
         with self._dataplane.gate.admit():
@@ -242,7 +258,7 @@ class InferenceServicer:
         stream: bool,
         trace: TraceContext | None = None,
         received_pinned: bool = False,
-    ) -> AsyncGenerator[bytes, None]:
+    ) -> AsyncGenerator[Payload, None]:
         """The serialized replies: one ``ModelInferResponse``, or with ``stream`` each
         ``ModelStreamInferResponse`` (a decoupled model's many; an error among them as an
         ``error_message`` reply)."""
@@ -294,13 +310,22 @@ class InferenceServicer:
         decoded.trace = trace
         return spec, decoded, pinned
 
-    async def _encoded(self, response: InferResponse, stream: bool, final: bool) -> bytes:
-        # The reply is new bytes: outputs that are views of the inputs are copied now,
-        # before the buffers they view are released.
+    async def _encoded(self, response: InferResponse, stream: bool, final: bool) -> Payload:
+        """The serialized reply. Outputs in the executor's arena (``on_release``: they stay
+        there until released) are written from there: a large reply is ``Views`` of them,
+        released once sent. Otherwise the reply is new bytes: outputs that may view the
+        inputs are copied now, before the buffers they view are released."""
+        size = response.payload_bytes
+        if response.on_release is not None and size >= VIEWED_REPLY_BYTES:
+            try:
+                parts = grpc_codec.encode_response_parts(response, stream, final)
+            except BaseException:
+                response.release()
+                raise
+            return Views(parts, sum(len(part) for part in parts), response.release)
         try:
             return await off_loop_if_large(
-                response.payload_bytes, grpc_codec.encode_response_bytes, response, stream,
-                final,
+                size, grpc_codec.encode_response_bytes, response, stream, final
             )
         finally:
             response.release()
@@ -324,7 +349,7 @@ class InferenceServicer:
         self,
         request_iterator: AsyncIterator[StreamMessage],
         context: Context,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[Payload]:
         """Requests run concurrently (those of one sequence one after the other, see
         ``SequenceOrder``); each reply goes out when ready (maybe out of order) and carries
         its request's id. A failed request is an ``error_message`` reply: the stream
@@ -332,7 +357,7 @@ class InferenceServicer:
         (``StreamWindow``). A large request comes in the pooled buffer the transport received
         it in (as ModelInfer's); it goes back once its request has its last reply, and the
         data plane no longer reads it."""
-        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+        replies: asyncio.Queue[Payload | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         window = StreamWindow()
         order = SequenceOrder()
@@ -347,7 +372,7 @@ class InferenceServicer:
                 trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
                 async with order.turn(request).wait():
                     async for reply in self._replies(request, raw, len(data), True, trace, pinned):
-                        window.replied(len(reply))
+                        window.replied(_size(reply))
                         replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
                 error = reported(exc, log, "in ModelStreamInfer")
@@ -378,13 +403,18 @@ class InferenceServicer:
         reader = asyncio.create_task(read())
         try:
             while (reply := await replies.get()) is not None:
+                size = _size(reply)
                 yield reply  # resumes once flow control has taken the reply
-                window.sent(len(reply))
+                window.sent(size)
             await reader  # surfaces a failure to read the request stream
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
+            while not replies.empty():  # (those of tasks still running are dropped as they come)
+                unsent = replies.get_nowait()
+                if unsent is not None:
+                    discard(unsent)
 
     @_unary
     async def ModelStatistics(

@@ -5,14 +5,21 @@ A unary call's answer (HEADERS, DATA, trailers) is one write when the client's w
 room for it, nearly always; otherwise, and for streamed replies, a call's DATA waits in
 ``Call.outgoing`` until the connection's and the stream's windows, and the transport's
 buffer, let it go. Writes made while a read is parsed are held and written together.
+
+A message given as ``Views`` (parts viewing the executor's output arena) is written from its
+views; its release waits until the transport's buffer is empty, i.e. the kernel has every
+byte written so far (the transport may hold references to what it could not write at once).
+The transport's high-water mark is 0, so that it tells (``resume_writing``) when it empties.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+from collections.abc import Callable
 
 from server.grpc import frames, headers, keepalive
-from server.grpc.call import PREFIX_SIZE, Call
+from server.grpc.call import PREFIX_SIZE, Call, Payload, Views, discard
 from server.grpc.frames import ErrorCode
 from server.grpc.status import StatusCode, encode_message
 from server.settings import GrpcKeepalive
@@ -47,6 +54,8 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._paused = False  # the transport's buffer is full
         self._batch: list[bytes | memoryview] | None = None  # writes held while parsing
         self._batch_bytes = 0
+        # releases of ``Views`` handed to the transport, due once its buffer is empty
+        self._unsettled: list[Callable[[], None]] = []
         # Going away: the last stream served after GOAWAY, or None.
         self._goaway: int | None = None
         self._pings = keepalive.PingPolicy(keepalive_flags)
@@ -59,7 +68,29 @@ class Http2Streams(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._settle()
         self._flush_blocked()
+
+    def _settle(self) -> None:
+        """Release the views handed to the transport, if it has given all it held to the
+        kernel (once it has not: at ``resume_writing``, or when the connection is lost)."""
+        if (
+            self._unsettled and self._batch is None and self._transport is not None
+            and not self._transport.get_write_buffer_size()
+        ):
+            self._release_unsettled()
+
+    def _release_unsettled(self) -> None:
+        unsettled, self._unsettled = self._unsettled, []
+        for release in unsettled:
+            release()
+
+    def _abandon_views(self, call: Call) -> None:
+        """``call``'s queued messages will not be sent: what was written of them is released
+        once the transport has it, the rest at once with it."""
+        releases, call.releases = call.releases, collections.deque()
+        self._unsettled.extend(release for _, release in releases)
+        self._settle()
 
     def _write(self, data: bytes | memoryview) -> None:
         if self._batch is not None:
@@ -91,6 +122,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._batch_bytes = 0
         if batch and self._transport is not None:
             self._transport.writelines(batch)
+        self._settle()
 
     def close(self, at_once: bool = False) -> None:
         """Close the connection once what was written has been sent (``at_once``: now,
@@ -118,11 +150,13 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._pings.forgive()
         self._keepalive.data_sent()
 
-    def reply(self, call: Call, payload: bytes, compressed: bool = False) -> None:
+    def reply(self, call: Call, payload: Payload, compressed: bool = False) -> None:
         """A unary call's answer: HEADERS, the message, and OK trailers."""
         if call.local_closed:
+            discard(payload)
             return
-        size = len(payload) + PREFIX_SIZE
+        length = _size(payload)
+        size = length + PREFIX_SIZE
         if (
             size > self._send_window or size > call.send_window or size > self._peer_max_frame
             or self._paused or self._table_update or call.headers_sent
@@ -136,31 +170,41 @@ class Http2Streams(asyncio.BufferedProtocol):
         head = (
             frames.header(frames.HEADERS, _END_HEADERS, stream, len(block)) + block
             + frames.header(frames.DATA, 0, stream, size)
-            + _prefix(len(payload), compressed)
+            + _prefix(length, compressed)
         )
         tail = frames.header(frames.HEADERS, _END_HEADERS | _END_STREAM, stream,
                              len(_OK_TRAILERS)) + _OK_TRAILERS
-        if len(payload) <= _JOIN_BYTES:
+        if isinstance(payload, Views):
+            self._write_parts([head, *payload.parts, tail])
+            self._unsettled.append(payload.release)
+        elif len(payload) <= _JOIN_BYTES:
             self._write(head + payload + tail)
         else:
             self._write_parts([head, payload, tail])
         self._pings.forgive()
         self._keepalive.data_sent()
         self._closed_locally(call)
+        self._settle()
 
     def send_message(
-        self, call: Call, payload: bytes, compressed: bool = False
+        self, call: Call, payload: Payload, compressed: bool = False
     ) -> asyncio.Future[None] | None:
         """Queue one response message (``compressed`` with the call's response encoding);
         None once it is all written, else a future that is done when it is."""
         if call.local_closed:
+            discard(payload)
             return None
         if not call.headers_sent:
             call.headers_sent = True
             self._write_headers(call.id, _response_headers(call), False)
-        call.outgoing.append(_prefix(len(payload), compressed))
-        call.outgoing.append(payload)
-        call.queued += len(payload) + PREFIX_SIZE
+        size = _size(payload)
+        call.outgoing.append(_prefix(size, compressed))
+        call.queued += size + PREFIX_SIZE
+        if isinstance(payload, Views):
+            call.outgoing.extend(payload.parts)
+            call.releases.append((call.queued, payload.release))
+        else:
+            call.outgoing.append(payload)
         self._flush(call)
         if call.sent >= call.queued or call.local_closed:
             return None
@@ -221,10 +265,14 @@ class Http2Streams(asyncio.BufferedProtocol):
                 _, written = waiters.popleft()
                 if not written.done():
                     written.set_result(None)
+            releases = call.releases
+            while releases and releases[0][0] <= call.sent:
+                self._unsettled.append(releases.popleft()[1])
         if call.trailers is not None and not call.local_closed:
             self._write_headers(call.id, call.trailers, True)
             call.trailers = None
             self._closed_locally(call)
+        self._settle()
 
     def _flush_blocked(self) -> None:
         blocked, self._blocked = self._blocked, {}
@@ -259,6 +307,7 @@ class Http2Streams(asyncio.BufferedProtocol):
             call.remote_closed = call.local_closed = True
             call.cancel()
             self._blocked.pop(stream, None)
+            self._abandon_views(call)
             self.call_done(call)
 
     def go_away(self) -> None:
@@ -279,6 +328,10 @@ def _response_headers(call: Call) -> bytes:
     """The HEADERS block that starts ``call``'s response (naming its grpc-encoding if any)."""
     encoding = call.response_encoding
     return _RESPONSE if encoding is None else headers.COMPRESSED_RESPONSE[encoding]
+
+
+def _size(payload: Payload) -> int:
+    return payload.size if isinstance(payload, Views) else len(payload)
 
 
 def _prefix(length: int, compressed: bool) -> bytes:

@@ -396,11 +396,19 @@ def _plain_header(response: InferResponse) -> bytes:
 def encode_response_bytes(
     response: InferResponse, stream: bool = False, final: bool = True
 ) -> bytes:
-    """The serialized ``ModelInferResponse``: header fields by protobuf, then one
-    ``raw_output_contents`` entry per output, in order, written directly. With ``stream``, the
-    ``ModelStreamInferResponse`` carrying it (its ``triton_final_response`` parameter says
-    ``final``: False on a decoupled model's responses before its last), in the same single
-    copy."""
+    """The serialized ``ModelInferResponse`` (with ``stream``, the ``ModelStreamInferResponse``
+    carrying it): ``encode_response_parts`` in one copy."""
+    return b"".join(encode_response_parts(response, stream, final))
+
+
+def encode_response_parts(
+    response: InferResponse, stream: bool = False, final: bool = True
+) -> list[bytes | memoryview]:
+    """The serialized ``ModelInferResponse`` in parts: header fields by protobuf, then one
+    ``raw_output_contents`` entry per output, in order, each tensor's bytes a view of its
+    array, not a copy. With ``stream``, the ``ModelStreamInferResponse`` carrying it (its
+    ``triton_final_response`` parameter says ``final``: False on a decoupled model's
+    responses before its last)."""
     parts: list[bytes | memoryview] = []
     for output in response.outputs:
         if output.shared_memory is not None:  # in the client's region: an empty entry, as Triton
@@ -413,6 +421,6 @@ def encode_response_bytes(
     else:
         head = _plain_header(response)
     if not stream:
-        return b"".join([head, *parts])
+        return [head, *parts]
     size = len(head) + sum(len(part) for part in parts)
-    return b"".join([_INFER_RESPONSE_TAG, _varint(size), head, *parts])
+    return [_INFER_RESPONSE_TAG, _varint(size), head, *parts]

@@ -35,6 +35,9 @@ class FakeTransport:
     def get_write_buffer_size(self) -> int:
         return self.buffered
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
 
 class Buffer:
     """A pooled buffer that counts its releases."""

@@ -4,13 +4,14 @@ it closes, and how much it holds back while parsing."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import struct
 
 import hpack
 import pytest
 
 from server.grpc import frames, streams
-from server.grpc.call import CallContext, Method
+from server.grpc.call import CallContext, Method, Views
 from server.grpc.connection import GrpcService, Http2Connection
 from server.settings import GrpcKeepalive
 from tests.server.grpc.fakes import FakeTransport, Pool
@@ -20,8 +21,27 @@ async def _echo(request: bytes, context: CallContext) -> bytes:
     return bytes(request)
 
 
-def _connection(pool: Pool | None = None) -> tuple[Http2Connection, FakeTransport]:
-    service = GrpcService({"/t/echo": Method(_echo)}, GrpcKeepalive(), buffers=pool)
+class _Viewed:
+    """A handler answering with ``Views`` of a buffer, counting releases."""
+
+    def __init__(self) -> None:
+        self.released = 0
+
+    async def __call__(self, request: bytes, context: CallContext) -> Views:
+        return Views([b"head:", memoryview(bytes(request))], 5 + len(request), self._release)
+
+    def _release(self) -> None:
+        self.released += 1
+
+
+def _connection(
+    pool: Pool | None = None, viewed: _Viewed | None = None
+) -> tuple[Http2Connection, FakeTransport]:
+    handlers = {"/t/echo": Method(_echo)}
+    if viewed is not None:
+        handlers["/t/viewed"] = Method(viewed)
+        handlers["/t/viewed-gzip"] = Method(viewed, compression="low")
+    service = GrpcService(handlers, GrpcKeepalive(), buffers=pool)
     connection = Http2Connection(service, ("127.0.0.1", 1))
     transport = FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
@@ -127,5 +147,61 @@ def test_what_is_written_while_parsing_goes_out_past_a_bound() -> None:
         connection._write(b"b" * streams._BATCH_BYTES)
         assert len(transport.written) == start + 100 + streams._BATCH_BYTES
         connection._write_batch()
+
+    asyncio.run(main())
+
+
+def _unary_call(stream: int, path: str, message: bytes) -> bytes:
+    wire = b"\x00" + struct.pack(">I", len(message)) + message
+    return _start(stream, path) + frames.frame(frames.DATA, frames.END_STREAM, stream, wire)
+
+
+def test_views_are_released_once_the_transport_has_given_them_to_the_kernel() -> None:
+    """A reply of ``Views`` is written from its parts; its release waits while the transport
+    still holds bytes (it may hold references to the views), until ``resume_writing`` says
+    its buffer is empty, or the connection is lost."""
+
+    async def main() -> None:
+        viewed = _Viewed()
+        connection, transport = _connection(viewed=viewed)
+        assert transport.high_water == 0  # so that it tells when its buffer empties
+        _feed(connection, frames.PREFACE + frames.settings({}))
+        transport.buffered = 1000  # the client is slow to take what it was sent
+        _feed(connection, _unary_call(1, "/t/viewed", b"x" * 100))
+        await asyncio.sleep(0.01)
+        assert b"head:" + b"x" * 100 in transport.written
+        assert viewed.released == 0
+        transport.buffered = 0
+        connection.resume_writing()
+        assert viewed.released == 1
+        transport.buffered = 1000
+        _feed(connection, _unary_call(3, "/t/viewed", b"y" * 100))
+        await asyncio.sleep(0.01)
+        assert b"head:" + b"y" * 100 in transport.written
+        assert viewed.released == 1
+        connection.connection_lost(None)
+        assert viewed.released == 2
+
+    asyncio.run(main())
+
+
+def test_views_that_are_compressed_are_joined_and_released_at_once() -> None:
+    """Compressing copies the message anyway: its views are joined (and released) first."""
+
+    async def main() -> None:
+        viewed = _Viewed()
+        connection, transport = _connection(viewed=viewed)
+        _feed(connection, frames.PREFACE + frames.settings({}))
+        transport.buffered = 1000
+        message = b"z" * 4000
+        wire = b"\x00" + struct.pack(">I", len(message)) + message
+        _feed(connection, _start(1, "/t/viewed-gzip", ("grpc-accept-encoding", "gzip"))
+              + frames.frame(frames.DATA, frames.END_STREAM, 1, wire))
+        await asyncio.sleep(0.01)
+        assert viewed.released == 1
+        (data,) = [f[3] for f in _frames(bytes(transport.written)) if f[0] == frames.DATA]
+        assert data[0] == 1 and gzip.decompress(data[5:]) == b"head:" + message
+        connection.connection_lost(None)
+        assert viewed.released == 1
 
     asyncio.run(main())

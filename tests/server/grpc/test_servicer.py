@@ -73,6 +73,12 @@ class FakeDataPlane(DataPlane):
         self.release = asyncio.Event()  # ends the hanging requests
         self.cancelled = asyncio.Event()
         self.echo = False
+        # echo's outputs as copies that view "the executor's arena" (``on_release``): each
+        # counted, and poisoned when released, so that bytes sent after it are seen wrong
+        self.viewed = False
+        self.answered = 0
+        self.released = 0
+        self.address = ""  # the server's, once it listens
         self.arrived: list[str] = []  # ids, as each request reaches infer
         self.seen: list[InferRequest] = []
 
@@ -110,11 +116,21 @@ class FakeDataPlane(DataPlane):
         self.seen.append(request)
         if self.echo:  # identity: the outputs are the request's own input arrays
             outputs = [
-                OutputTensor(t.name.replace("IN", "OUT"), t.datatype, t.shape, t.data)
+                OutputTensor(t.name.replace("IN", "OUT"), t.datatype, t.shape,
+                             t.data.copy() if self.viewed else t.data)
                 for t in request.inputs
             ]
-            return InferResponse(request.model_name, "1", outputs, id=request.id)
+            response = InferResponse(request.model_name, "1", outputs, id=request.id)
+            if self.viewed:
+                self.answered += 1
+                response.on_release = lambda: self._poison(outputs)
+            return response
         return InferResponse(request.model_name, "1", [], id=request.id)
+
+    def _poison(self, outputs: list[OutputTensor]) -> None:
+        self.released += 1
+        for output in outputs:
+            output.data.view(np.uint8).fill(0xEE)
 
 
 Scenario = Callable[
@@ -135,6 +151,7 @@ def _run(
         plane = FakeDataPlane(ready)
         server = GrpcServer(plane, pool, buffers=pool if receive_into_pool else None)
         port = server.bind("127.0.0.1", 0)
+        plane.address = f"127.0.0.1:{port}"
         await server.start()
         try:
             async with grpc.aio.insecure_channel(
@@ -477,3 +494,60 @@ def test_a_malformed_request_is_invalid_argument_and_the_server_goes_on(size: in
         assert plane.arrived == []
 
     _run(scenario)
+
+
+def _large(request_id: str, size: int = 2**20) -> service_pb2.ModelInferRequest:
+    message = _request(request_id)
+    message.inputs.add(name="IN0", datatype="INT32", shape=[size // 4])
+    message.raw_input_contents.append(
+        np.full(size // 4, sum(map(ord, request_id)), np.int32).tobytes()
+    )
+    return message
+
+
+def test_replies_in_the_executors_arena_are_written_from_it_and_released_once_sent() -> None:
+    """Outputs that view the executor's arena (``on_release``) are sent from there, unary and
+    streamed, each reply's memory released once all of it is written: a release before would
+    put its poison on the wire. The client's 64 KiB window (no BDP probing) keeps most of each
+    1 MiB reply waiting in the server while the rest goes."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = plane.viewed = True
+        requests = [_large(f"u{i}") for i in range(4)] + [_large("small", 4096)]
+        replies = await asyncio.gather(*(stub.ModelInfer(r) for r in requests))
+        streamed = [reply.infer_response async for reply in stub.ModelStreamInfer(iter(requests))]
+        assert [r.id for r in replies] == [r.id for r in requests]
+        assert sorted(r.id for r in streamed) == sorted(r.id for r in requests)
+        sent = {r.id: r.raw_input_contents[0] for r in requests}
+        for reply in [*replies, *streamed]:
+            assert reply.raw_output_contents == [sent[reply.id]], reply.id
+        assert plane.answered == 10
+        assert await settled(lambda: plane.released) == 10
+
+    _run(scenario, client_options=SLOW_READER)
+
+
+def test_replies_in_the_executors_arena_are_released_when_their_calls_are_given_up() -> None:
+    """Large replies a client leaves unread, then resets (a stream cancelled) or drops with its
+    connection: every one is released."""
+
+    async def scenario(
+        plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, _: grpc.aio.Channel
+    ) -> None:
+        plane.echo = plane.viewed = True
+        call = stub.ModelStreamInfer(iter([_large(f"s{i}") for i in range(4)]))
+        assert await settled(lambda: plane.answered) == 4
+        assert plane.released < 4  # most of them wait for the client to read
+        call.cancel()
+        async with grpc.aio.insecure_channel(plane.address, options=SLOW_READER) as other:
+            dropped = service_pb2_grpc.GRPCInferenceServiceStub(other).ModelStreamInfer(
+                iter([_large(f"d{i}") for i in range(4)])
+            )
+            assert await settled(lambda: plane.answered) == 8
+        # (the connection went with the replies unread)
+        assert await settled(lambda: plane.released) == 8
+        dropped.cancel()
+
+    _run(scenario, client_options=SLOW_READER)

@@ -19,6 +19,7 @@ from server.protocol.grpc_codec import (
     SPLIT_ABOVE_BYTES,
     decode_request,
     encode_response_bytes,
+    encode_response_parts,
     parameter_value,
     split_request,
 )
@@ -910,6 +911,17 @@ def test_stream_reply_wraps_the_final_response() -> None:
     parsed = pb.ModelStreamInferResponse.FromString(wire)
     assert parsed.error_message == ""
     assert parsed.infer_response == _expected_message(response, True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_parts_view_the_outputs_and_join_into_the_message(stream: bool) -> None:
+    """The parts a reply is written from: each contiguous little-endian output as a view of
+    its array (no copy), together the serialized message."""
+    big = np.arange(3000, dtype=np.float64).reshape(1, 3000)
+    response = _response(_output("BIG", "FP64", big), *_all_outputs(), id="p")
+    parts = encode_response_parts(response, stream=stream)
+    assert any(isinstance(p, memoryview) and np.shares_memory(np.asarray(p), big) for p in parts)
+    assert b"".join(parts) == encode_response_bytes(response, stream=stream)
 
 
 def test_a_small_request_is_parsed_whole_and_a_large_one_split() -> None:
