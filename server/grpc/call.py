@@ -45,7 +45,6 @@ _Received = tuple[int, StreamMessage]
 OWN_BYTES = (bytes, bytearray, memoryview)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Views:
     """A response message in parts that view memory owned elsewhere (the executor's output

@@ -86,8 +86,8 @@ class Http2Streams(asyncio.BufferedProtocol):
             release()
 
     def _abandon_views(self, call: Call) -> None:
-        """``call``'s queued messages will not be sent: what was written of them is released
-        once the transport has it, the rest at once with it."""
+        """``call``'s queued messages will not be sent (further): they are released once the
+        transport holds nothing of what was written of them."""
         releases, call.releases = call.releases, collections.deque()
         self._unsettled.extend(release for _, release in releases)
         self._settle()
