@@ -6,9 +6,11 @@ plain."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -115,6 +117,35 @@ def test_tritonclient_with_ssl(tls_server: ServerProcess, pki: Pki) -> None:
             plain.is_server_live(client_timeout=_DEADLINE_SECS)
     finally:
         plain.close()
+
+
+def test_large_replies_over_tls_each_carry_their_own_data(
+    tls_server: ServerProcess, pki: Pki
+) -> None:
+    """4 MiB outputs, several at once: replies written from the executor's arena go through
+    the TLS transport (which encrypts what it holds later) whole and unmixed."""
+    client = grpcclient.InferenceServerClient(
+        tls_server.grpc_url, ssl=True, root_certificates=str(pki.ca_cert)
+    )
+    try:
+        results: list[tuple[int, grpcclient.InferResult | InferenceServerException]] = []
+        done = threading.Semaphore(0)
+        for i in range(6):
+            data = np.full((1, 1 << 20), float(i), dtype=np.float32)
+            tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_infer(
+                "identity_fp32", [tensor],
+                lambda result, error, i=i: (results.append((i, error or result)), done.release()),
+            )
+        for _ in range(6):
+            assert done.acquire(timeout=30)
+        for i, result in results:
+            assert not isinstance(result, InferenceServerException), result
+            output = result.as_numpy("OUTPUT0")
+            assert output.shape == (1, 1 << 20) and (output == float(i)).all()
+    finally:
+        client.close()
 
 
 def test_http_stays_plain(tls_server: ServerProcess) -> None:
