@@ -88,6 +88,7 @@ class Http2Streams(asyncio.BufferedProtocol):
     def _abandon_views(self, call: Call) -> None:
         """``call``'s queued messages will not be sent (further): they are released once the
         transport holds nothing of what was written of them."""
+        call.outgoing.clear()  # (nothing may write from memory about to be released)
         releases, call.releases = call.releases, collections.deque()
         self._unsettled.extend(release for _, release in releases)
         self._settle()
