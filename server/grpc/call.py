@@ -68,6 +68,10 @@ class Views:
 Payload = bytes | Views
 
 
+def payload_size(payload: Payload) -> int:
+    return payload.size if isinstance(payload, Views) else len(payload)
+
+
 def discard(payload: Payload) -> None:
     """A response message that will not be sent: the memory it views goes back."""
     if isinstance(payload, Views):

@@ -24,6 +24,7 @@ from server.grpc.call import (
     StreamMessage,
     Views,
     discard,
+    payload_size,
 )
 from server.grpc.sequence_order import SequenceOrder
 from server.grpc.status import status_code
@@ -79,10 +80,6 @@ def _decode(
             offset = end
         raw = views
     return grpc_codec.decode_request(request, spec, raw)
-
-
-def _size(reply: Payload) -> int:
-    return reply.size if isinstance(reply, Views) else len(reply)
 
 
 def _release(buffer: PooledBuffer, _: object) -> None:
@@ -372,7 +369,7 @@ class InferenceServicer:
                 trace = TraceContext("GRPC", received, time.perf_counter_ns(), traceparent)
                 async with order.turn(request).wait():
                     async for reply in self._replies(request, raw, len(data), True, trace, pinned):
-                        window.replied(_size(reply))
+                        window.replied(payload_size(reply))
                         replies.put_nowait(reply)
             except Exception as exc:  # noqa: BLE001 - an error_message reply; the stream goes on
                 error = reported(exc, log, "in ModelStreamInfer")
@@ -403,7 +400,7 @@ class InferenceServicer:
         reader = asyncio.create_task(read())
         try:
             while (reply := await replies.get()) is not None:
-                size = _size(reply)
+                size = payload_size(reply)
                 yield reply  # resumes once flow control has taken the reply
                 window.sent(size)
             await reader  # surfaces a failure to read the request stream

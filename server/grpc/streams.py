@@ -19,7 +19,7 @@ import collections
 from collections.abc import Callable
 
 from server.grpc import frames, headers, keepalive
-from server.grpc.call import PREFIX_SIZE, Call, Payload, Views, discard
+from server.grpc.call import PREFIX_SIZE, Call, Payload, Views, discard, payload_size
 from server.grpc.frames import ErrorCode
 from server.grpc.status import StatusCode, encode_message
 from server.settings import GrpcKeepalive
@@ -156,7 +156,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         if call.local_closed:
             discard(payload)
             return
-        length = _size(payload)
+        length = payload_size(payload)
         size = length + PREFIX_SIZE
         if (
             size > self._send_window or size > call.send_window or size > self._peer_max_frame
@@ -198,7 +198,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         if not call.headers_sent:
             call.headers_sent = True
             self._write_headers(call.id, _response_headers(call), False)
-        size = _size(payload)
+        size = payload_size(payload)
         call.outgoing.append(_prefix(size, compressed))
         call.queued += size + PREFIX_SIZE
         if isinstance(payload, Views):
@@ -329,10 +329,6 @@ def _response_headers(call: Call) -> bytes:
     """The HEADERS block that starts ``call``'s response (naming its grpc-encoding if any)."""
     encoding = call.response_encoding
     return _RESPONSE if encoding is None else headers.COMPRESSED_RESPONSE[encoding]
-
-
-def _size(payload: Payload) -> int:
-    return payload.size if isinstance(payload, Views) else len(payload)
 
 
 def _prefix(length: int, compressed: bool) -> bytes:
