@@ -12,7 +12,8 @@ registers once (``server.cuda.host_register``).
   turn reads into SIGBUS). Other processes ``attach`` the fd they get over ``SCM_RIGHTS`` or
   inherit.
 - ``ArenaAllocator``: power-of-two blocks, page aligned, split on allocation and coalesced with
-  their buddy on free; O(log size) per operation, thread-safe.
+  their buddy on free; O(log size) per operation, thread-safe. Small blocks freed are kept
+  for the next allocation of their size, up to a few of each, instead of being coalesced.
 - ``ArenaPool``: what the transports take from ``HostBufferPool`` (``BufferSource``), handing
   out arena blocks; a full arena is a 503 before any byte of the body is stored.
 """
@@ -162,11 +163,25 @@ class Arena:
         self.close()
 
 
+#: Blocks of the smallest orders (up to ``min_block << (KEPT_ORDERS - 1)``: 64 KiB of 4 KiB
+#: pages) that ``free`` keeps for the next ``allocate`` of their order, up to ``KEPT_BLOCKS``
+#: of each, instead of merging them with their buddies. A small request's body took its block
+#: by splitting the arena down through every order (16 in a 128 MiB arena) and gave it back by
+#: merging all the way up: 4.5 us per allocation and release on an idle arena (1.9 us with 8
+#: small blocks held), 1.0 us with a kept one.
+KEPT_ORDERS = 5
+KEPT_BLOCKS = 16
+
+
 class ArenaAllocator:
     """A buddy allocator over offsets ``[0, size)``: blocks of ``min_block`` times a power of
     two, each aligned to its own size, split on allocation and merged with their free buddy
     on release. ``size`` is used down to a multiple of ``min_block``; one that is not a power
     of two starts as a few top-level blocks (its binary digits), which never merge.
+
+    Small blocks released are kept (``KEPT_ORDERS``, ``KEPT_BLOCKS``) for the next allocation
+    of their size; they count as free. When no block fits, the kept ones are merged back first
+    and the allocation tried again, so keeping them never makes an allocation fail.
 
     Every operation takes the lock for a few set and dict operations: O(log size), callable
     from any thread. The lock is reentrant and the state is consistent between any two of
@@ -185,6 +200,8 @@ class ArenaAllocator:
         units = self._size >> self._shift
         self._orders = units.bit_length()  # order k: blocks of min_block << k bytes
         self._free: list[set[int]] = [set() for _ in range(self._orders)]
+        # free blocks of the small orders, not merged (see KEPT_ORDERS)
+        self._kept: list[list[int]] = [[] for _ in range(min(KEPT_ORDERS, self._orders))]
         self._used: dict[int, int] = {}  # offset -> order
         self._in_use = 0
         self._lock = threading.RLock()
@@ -216,6 +233,7 @@ class ArenaAllocator:
     def largest_free(self) -> int:
         """The largest block that ``allocate`` could hand out now (0 when full)."""
         with self._lock:
+            self._merge_kept()
             for order in reversed(range(self._orders)):
                 if self._free[order]:
                     return self._min << order
@@ -233,19 +251,33 @@ class ArenaAllocator:
         """The offset of a free block of at least ``nbytes``, None when none fits now."""
         need = self._order(nbytes)
         with self._lock:
-            for order in range(need, self._orders):
-                free = self._free[order]
-                if free:
-                    break
+            if need < len(self._kept) and self._kept[need]:
+                offset = self._kept[need].pop()
             else:
-                return None
-            offset = free.pop()
-            while order > need:  # split: keep the lower half, free the upper
-                order -= 1
-                self._free[order].add(offset + (self._min << order))
+                found = self._split(need)
+                if found is None and any(self._kept):
+                    self._merge_kept()
+                    found = self._split(need)
+                if found is None:
+                    return None
+                offset = found
             self._used[offset] = need
             self._in_use += self._min << need
             return offset
+
+    def _split(self, need: int) -> int | None:
+        """Take a block of order ``need`` from the free sets, splitting a larger one."""
+        for order in range(need, self._orders):
+            free = self._free[order]
+            if free:
+                break
+        else:
+            return None
+        offset = free.pop()
+        while order > need:  # split: keep the lower half, free the upper
+            order -= 1
+            self._free[order].add(offset + (self._min << order))
+        return offset
 
     def free(self, offset: int) -> None:
         """Release the block at ``offset``; ``ValueError`` when none is allocated there."""
@@ -254,16 +286,28 @@ class ArenaAllocator:
             if order is None:
                 raise ValueError(f"no allocated arena block at offset {offset!r} (freed twice?)")
             self._in_use -= self._min << order
-            while order < self._orders - 1:
-                block = self._min << order
-                buddies = self._free[order]
-                buddy = offset ^ block
-                if buddy not in buddies:
-                    break
-                buddies.remove(buddy)
-                offset &= ~block
-                order += 1
-            self._free[order].add(offset)
+            if order < len(self._kept) and len(self._kept[order]) < KEPT_BLOCKS:
+                self._kept[order].append(offset)
+                return
+            self._merge(offset, order)
+
+    def _merge_kept(self) -> None:
+        for order, kept in enumerate(self._kept):
+            while kept:
+                self._merge(kept.pop(), order)
+
+    def _merge(self, offset: int, order: int) -> None:
+        """Give the free block back to the free sets, merged with its free buddies."""
+        while order < self._orders - 1:
+            block = self._min << order
+            buddies = self._free[order]
+            buddy = offset ^ block
+            if buddy not in buddies:
+                break
+            buddies.remove(buddy)
+            offset &= ~block
+            order += 1
+        self._free[order].add(offset)
 
     def capacity(self, offset: int) -> int:
         """The size of the allocated block at ``offset`` (``ValueError`` when none is)."""
@@ -275,6 +319,7 @@ class ArenaAllocator:
     def free_blocks(self) -> list[tuple[int, int]]:
         """Every free block as ``(offset, size)``, by offset (for tests and diagnostics)."""
         with self._lock:
+            self._merge_kept()
             return sorted(
                 (offset, self._min << order)
                 for order, offsets in enumerate(self._free)

@@ -281,6 +281,27 @@ def _check_layout(allocator: ArenaAllocator, live: dict[int, int]) -> None:
     assert allocator.blocks_in_use == len(live)
 
 
+def test_small_blocks_freed_are_kept_for_their_size_and_never_make_an_allocation_fail() -> None:
+    """A small block freed goes to the next allocation of its size (no split and merge through
+    every order); it counts as free; and when a larger block is needed, the kept ones are
+    merged back first."""
+    allocator = ArenaAllocator(1 * MIB)
+    first = allocator.allocate(100)
+    assert first is not None
+    allocator.free(first)
+    assert allocator.bytes_in_use == 0 and allocator.blocks_in_use == 0
+    assert allocator.allocate(100) == first
+    allocator.free(first)
+    pages = [allocator.allocate(PAGE) for _ in range(MIB // PAGE)]  # the whole arena
+    assert None not in pages and allocator.allocate(1) is None
+    for offset in pages:
+        assert offset is not None
+        allocator.free(offset)
+    assert allocator.allocate(1 * MIB) == 0  # the kept pages merged back on the way
+    allocator.free(0)
+    assert allocator.free_blocks() == [(0, 1 * MIB)]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_sequences_never_overlap_and_coalesce_back_to_whole(seed: int) -> None:
     rng = random.Random(seed)
