@@ -43,7 +43,7 @@ def inflate(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     raise InflateError("not gzip or deflate data")
 
 
-def compress(parts: list[memoryview | bytes], encoding: str) -> bytes:
+def compress(parts: list[bytes | memoryview], encoding: str) -> bytes:
     """``parts`` as one gzip or zlib ("deflate") stream, at zlib's default level (6)."""
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     deflater = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, wbits)
@@ -75,8 +75,9 @@ def grpc_algorithm(level: str, accepted: frozenset[str]) -> str | None:
     return ranked[-1]
 
 
-def grpc_compress(data: bytes | memoryview, algorithm: str) -> bytes | None:
-    """One message compressed as grpc core does it (zlib's default level; deflate is the zlib
-    format), or None when that would not make it smaller (it is sent as it is)."""
-    out = compress([data], algorithm)
-    return out if len(out) < len(data) else None
+def grpc_compress(parts: list[bytes | memoryview], algorithm: str) -> bytes | None:
+    """One message, given in ``parts``, compressed as grpc core does it (zlib's default level;
+    deflate is the zlib format), or None when that would not make it smaller (it is sent as it
+    is)."""
+    out = compress(parts, algorithm)
+    return out if len(out) < sum(len(part) for part in parts) else None

@@ -48,20 +48,16 @@ OWN_BYTES = (bytes, bytearray, memoryview)
 @dataclass(frozen=True, slots=True)
 class Views:
     """A response message in parts that view memory owned elsewhere (the executor's output
-    arena): they are written as they are, not joined, and ``release`` is called once the
-    kernel has taken all of them, or once they will never be sent (the stream reset, the
-    connection gone)."""
+    arena): they are written (or compressed) as they are, not joined, and ``release`` is
+    called once the kernel has taken all of them, or once they will never be sent (the stream
+    reset, the connection gone)."""
 
     parts: list[bytes | memoryview]
-    size: int
     release: Callable[[], None]
 
-    def joined(self) -> bytes:
-        """The message in bytes of its own, the views released."""
-        try:
-            return b"".join(self.parts)
-        finally:
-            self.release()
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
 
 
 #: A response message of a raw method's handler.
@@ -515,12 +511,10 @@ class Call:
                 self.connection.reply(self, payload, compressed)
 
     async def _encoded(self, payload: Payload) -> tuple[Payload, bool]:
-        """``payload`` as it goes out: compressed with the call's encoding (views joined
-        first: compressing copies anyway), and whether it was."""
+        """``payload`` as it goes out: compressed with the call's encoding, and whether it
+        was."""
         if self.response_encoding is None:
             return payload, False
-        if isinstance(payload, Views):
-            payload = payload.joined()
         return await _compressed(payload, self.response_encoding)
 
     async def _serve_stream(self, request: _Received | None) -> None:
@@ -669,11 +663,21 @@ def _deserialized(method: Method, message: StreamMessage) -> Any:
         raise CallError(StatusCode.INTERNAL, "Exception deserializing request!") from None
 
 
-async def _compressed(payload: bytes, encoding: str) -> tuple[bytes, bool]:
+async def _compressed(payload: Payload, encoding: str) -> tuple[Payload, bool]:
     """A response message as it goes out with the call's ``encoding``: compressed (a large one
-    on a thread), or as it is when that would not make it smaller; and whether it was."""
-    if len(payload) > COMPRESS_ON_LOOP_BYTES:
-        packed = await run_in_thread(None, compression.grpc_compress, payload, encoding)
-    else:
-        packed = compression.grpc_compress(payload, encoding)
-    return (payload, False) if packed is None else (packed, True)
+    on a thread; views from their parts, then released), or as it is when that would not make
+    it smaller; and whether it was."""
+    parts: list[bytes | memoryview] = payload.parts if isinstance(payload, Views) else [payload]
+    try:
+        if payload_size(payload) > COMPRESS_ON_LOOP_BYTES:
+            # (the thread is waited for, also when cancelled: the views outlive it)
+            packed = await run_in_thread(None, compression.grpc_compress, parts, encoding)
+        else:
+            packed = compression.grpc_compress(parts, encoding)
+    except BaseException:
+        discard(payload)
+        raise
+    if packed is None:
+        return payload, False
+    discard(payload)
+    return packed, True

@@ -319,7 +319,7 @@ class InferenceServicer:
             except BaseException:
                 response.release()
                 raise
-            return Views(parts, sum(len(part) for part in parts), response.release)
+            return Views(parts, response.release)
         try:
             return await off_loop_if_large(
                 size, grpc_codec.encode_response_bytes, response, stream, final

@@ -67,11 +67,11 @@ def test_a_level_picks_from_what_the_client_accepts_as_grpc_core_does(
 
 
 def test_grpc_compress_writes_gzip_and_zlib() -> None:
-    packed = grpc_compress(DATA, "gzip")
+    packed = grpc_compress([DATA], "gzip")
     assert packed is not None and packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == DATA
-    packed = grpc_compress(memoryview(DATA), "deflate")
+    packed = grpc_compress([memoryview(DATA[:100]), DATA[100:]], "deflate")
     assert packed is not None and zlib.decompress(packed) == DATA
 
 
 def test_a_message_that_does_not_shrink_is_left_as_it_is() -> None:
-    assert grpc_compress(bytes(range(10)), "gzip") is None
+    assert grpc_compress([bytes(range(10))], "gzip") is None
