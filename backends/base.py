@@ -18,6 +18,7 @@ import numpy as np
 
 from server.errors import InferenceServerError
 from server.generated import model_config_pb2 as mc
+from server.memory.output_memory import OutputMemory
 from server.protocol.datatypes import DataType
 
 
@@ -101,6 +102,16 @@ class ModelInstance(ABC):
     ) -> dict[str, np.ndarray]:
         """Run the model on ``inputs`` (already shaped as the model expects: batch dimension
         first when the model batches) and return the named outputs. Raise on model faults."""
+
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        """``execute``, with outputs that the instance may write into arrays it takes from
+        ``memory``. By default it takes none."""
+        return self.execute(inputs, output_names)
 
     def execute_parts(
         self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]

@@ -30,6 +30,7 @@ from server.errors import (
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 from server.memory.shared_memory import RegionLease, SharedMemoryRegistry
 from server.observability.metrics import CacheSample, ModelEntry
 from server.observability.statistics import statistics_response
@@ -175,22 +176,28 @@ class DataPlane:
     async def model_config(self, name: str, version: str) -> mc.ModelConfig:
         return _required(self._repository.version(name, version).config)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, memory: OutputMemory | None = None
+    ) -> InferResponse:
         """Validate, run and package one request, and count it in the version's statistics.
-        Shared memory regions the request names are held for it until it is answered."""
+        Shared memory regions the request names are held for it until it is answered. A
+        model run for this request alone may write its outputs into ``memory``."""
         regions = _regions(request)
         if not regions:
-            return await self._infer(request, None)
+            return await self._infer(request, None, memory=memory)
         with self.shared_memory.lease(regions) as lease:
-            return await self._infer(request, lease)
+            return await self._infer(request, lease, memory=memory)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
+    async def infer_stream(
+        self, request: InferRequest, memory: OutputMemory | None = None
+    ) -> AsyncIterator[StreamReply]:
         """Every reply to ``request``: a decoupled model's responses as it sends them (see
-        ``server.decoupled``), another model's one response, flagged final."""
+        ``server.decoupled``), another model's one response, flagged final (its outputs
+        maybe in ``memory``, as ``infer``'s)."""
         served = self._repository.version(request.model_name, request.model_version)
         spec = _required(served.spec)
         if not spec.decoupled:
-            yield StreamReply(response=await self.infer(request), final=True)
+            yield StreamReply(response=await self.infer(request, memory), final=True)
             return
         async for reply in decoupled.replies(served, spec, request, _client_shape):
             yield reply
@@ -233,6 +240,7 @@ class DataPlane:
         request: InferRequest,
         lease: RegionLease | None,
         compute_sink: list[tuple[int, int, int]] | None = None,
+        memory: OutputMemory | None = None,
     ) -> InferResponse:
         """``compute_sink`` receives the request's compute (input, infer, output) durations
         as its statistics counted them (an ensemble step's caller adds them up)."""
@@ -282,6 +290,7 @@ class DataPlane:
                 timeout_us=request.parameters.get("timeout"),
                 request_id=request.id or "",
                 parameters=request.parameters,
+                memory=memory,
             )
             # Admitted in the same step as the lookup: a reload or unload that closes this
             # version's gate afterwards waits for this request.

@@ -1,6 +1,8 @@
 """ONNX Runtime backend: one ``InferenceSession`` per model instance.
 
-CPU instances run ``session.run`` on the request's arrays. GPU instances (KIND_GPU, or KIND_AUTO
+CPU instances run ``session.run`` on the request's arrays; a run with large outputs whose shapes
+the graph gives before the run (``output_shapes``) writes them into memory its caller offers
+(``execute_into``: the executor's output arena). GPU instances (KIND_GPU, or KIND_AUTO
 on a machine with a GPU and ORT's CUDA execution provider) get a session on the CUDA provider of
 their device, their own CUDA stream as its compute stream, and run through IO binding
 (``iobinding.CudaDevice``). A GPU instance is never silently served by the CPU: without CuPy,
@@ -12,6 +14,7 @@ providers (``accelerators``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +32,7 @@ from backends.onnxruntime.accelerators import (
 )
 from backends.onnxruntime.iobinding import CudaDevice, IoBindingInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_TYPES, ort_value_to_numpy
+from backends.onnxruntime.output_shapes import OutputShapes
 from backends.onnxruntime.strings import bytes_to_strings, strings_to_bytes
 from server.cuda.devices import device_count, require_cupy
 from server.errors import ModelLoadError
@@ -36,10 +40,15 @@ from server.generated import model_config_pb2 as mc
 from server.host_paths import redact_paths
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 from server.protocol import datatypes, sequence_spec
 from server.settings import DEFAULT_CUDA_POOL_BYTES
 
 log = logging.getLogger(__name__)
+
+#: Outputs smaller than this (in all) are copied where the caller wants them: binding them to
+#: its memory would cost more than the copy.
+DIRECT_OUTPUT_BYTES = 1 << 16
 
 # Models load on several threads at once; ONNX Runtime session creation is done one at a time
 # (it holds the GIL for most of it anyway, and concurrent creation has had thread-safety bugs).
@@ -273,6 +282,11 @@ class OnnxRuntimeInstance(ModelInstance):
         self._bf16_outputs = {
             info.name for info in signature.outputs if info.datatype.name == "BF16"
         }
+        self._output_shapes: OutputShapes | None = OutputShapes(
+            session.get_inputs(), session.get_outputs()
+        )
+        self._quiet = ort.RunOptions()
+        self._quiet.log_severity_level = 4  # a refused binding is handled, not logged as error
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -294,6 +308,55 @@ class OnnxRuntimeInstance(ModelInstance):
             name: strings_to_bytes(value) if value.dtype == object else value
             for name, value in zip(names, results)
         }
+
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        """Large outputs of known shapes are bound to arrays of ``memory``: ONNX Runtime
+        writes them there, and nobody copies them again."""
+        names = list(output_names)
+        planned = None if self._output_shapes is None else self._output_shapes.resolve(
+            inputs, names
+        )
+        if planned is None:
+            return self.execute(inputs, names)
+        total = 0
+        for dtype, shape in planned:  # a loop: this is asked of every request
+            total += math.prod(shape) * dtype.itemsize
+        if total < DIRECT_OUTPUT_BYTES or any(
+            array.dtype == object or array.dtype == BF16 for array in inputs.values()
+        ):
+            return self.execute(inputs, names)
+        outputs: dict[str, np.ndarray] = {}
+        for name, (dtype, shape) in zip(names, planned):
+            array = memory.allocate(dtype, shape)
+            if array is None:  # no room: ORT's own memory (what was taken is the caller's)
+                return self.execute(inputs, names)
+            outputs[name] = array
+        held = [np.ascontiguousarray(array) for array in inputs.values()]
+        try:
+            binding = self._session.io_binding()
+            for name, array in zip(inputs, held):
+                binding.bind_cpu_input(name, array)
+            for name, array in outputs.items():
+                binding.bind_output(
+                    name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data
+                )
+            self._session.run_with_iobinding(binding, self._quiet)
+        except Exception as exc:  # noqa: BLE001 - judged by the plain run, below
+            # The graph's dimension names may promise shapes its run does not keep; a model
+            # fault fails the plain run too, and is raised from there.
+            results = self.execute(inputs, names)
+            log.warning(
+                "model outputs do not keep the shapes their dimension names promise; they "
+                "are copied from now on (%s)", exc,
+            )
+            self._output_shapes = None
+            return results
+        return outputs
 
     def _run_ort_values(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """ONNX Runtime's numpy bridge has no bfloat16: go through OrtValues for it."""

@@ -1,8 +1,9 @@
 """The executor's side of the seam: serves every front end's connection from one DataPlane.
 
 Each connection brings the front end's arena (mapped here to view request tensors in place)
-and gets an output arena of its own, into which large results are copied once; both are
-unmapped when the connection has ended and its last request has finished. Requests run as
+and gets an output arena of its own. Blocks of it are lent to each request's run, so that a model
+may write large outputs there itself (``LentBlocks``); other large results are copied there once.
+Both arenas are unmapped when the connection has ended and its last request has finished. Requests run as
 tasks, so a ``Cancel`` stops one that is still queued (it counts as CANCELED, as in one
 process). Model loads and unloads, and log setting changes, are reported to every front end,
 and acknowledged by each, before the call that made them returns; a front end that connects
@@ -23,7 +24,7 @@ from server.dataplane import DataPlane
 from server.errors import InferenceServerError, InternalError
 from server.ipc import messages as m
 from server.ipc.channel import Channel, receive_hello, send_hello
-from server.ipc.tensors import Outbox, pack, shm_ref, unpack
+from server.ipc.tensors import LentBlocks, Outbox, pack, shm_ref, unpack
 from server.memory.arena import Arena, ArenaAllocator
 from server.protocol.types import (
     SHARED_MEMORY_PENDING,
@@ -32,7 +33,7 @@ from server.protocol.types import (
     InputTensor,
     RequestedOutput,
 )
-from server.threads import off_loop_if_large
+from server.threads import OFF_LOOP_BYTES, off_loop_if_large
 from server.tracing.context import TraceContext
 
 log = logging.getLogger("server.ipc")
@@ -202,29 +203,42 @@ class ExecutorService:
                 waiting.set_result(None)
 
     async def _infer(self, connection: _Connection, message: m.Infer) -> None:
+        lent = LentBlocks(connection.outbox, connection.allocator.free)
         try:
             request = self._request(connection, message)
             if message.stream:
-                await self._stream(connection, message, request)
+                await self._stream(connection, message, request, lent)
                 return
-            response = await self._dataplane.infer(request)
-            connection.send(await self._done(connection, message, response))
+            response = await self._dataplane.infer(request, lent)
+            connection.send(await self._done(connection, message, response, lent))
         except InferenceServerError as exc:
             connection.send(m.Failed(message.id, type(exc).__name__, exc.message))
         except Exception as exc:
             log.exception("request %d of front end %d failed", message.id, connection.index)
             connection.send(m.Failed(message.id, "InternalError", f"internal error: {exc}"))
+        finally:
+            lent.reclaim()
 
     async def _done(
-        self, connection: _Connection, message: m.Infer, response: InferResponse
+        self,
+        connection: _Connection,
+        message: m.Infer,
+        response: InferResponse,
+        lent: LentBlocks,
     ) -> m.Done:
         owned: list[int] = []
+        outbox = connection.outbox
         try:
             # A large result's copy into the arena is off the loop, which serves every
-            # front end (the thread is waited for, also when cancelled).
-            outputs = await off_loop_if_large(
-                response.payload_bytes, _pack_outputs, response, connection.outbox, owned
-            )
+            # front end (the thread is waited for, also when cancelled); outputs the model
+            # wrote into lent blocks are not copied.
+            copies = response.payload_bytes
+            if copies > OFF_LOOP_BYTES:
+                copies = outbox.copy_bytes(
+                    [None if o.shared_memory else o.data for o in response.outputs]
+                )
+            outputs = await off_loop_if_large(copies, _pack_outputs, response, outbox, owned)
+            lent.hand_over(outputs)
         except BaseException:
             for offset in owned:
                 connection.allocator.free(offset)
@@ -240,13 +254,13 @@ class ExecutorService:
                       response.parameters, outputs, traced)
 
     async def _stream(
-        self, connection: _Connection, message: m.Infer, request: InferRequest
+        self, connection: _Connection, message: m.Infer, request: InferRequest, lent: LentBlocks
     ) -> None:
         """Each reply of ``infer_stream`` as a ``Streamed`` message, in order."""
-        async for reply in self._dataplane.infer_stream(request):
+        async for reply in self._dataplane.infer_stream(request, lent):
             done = None
             if reply.response is not None:
-                done = await self._done(connection, message, reply.response)
+                done = await self._done(connection, message, reply.response, lent)
             error = reply.error
             connection.send(
                 m.Streamed(message.id, reply.final, reply.model_version, done,

@@ -1,15 +1,16 @@
 """Tensors to descriptors and back.
 
 The sender of a tensor leaves it where it is when it already lies in its own arena (an HTTP
-body received into it), copies it into a block of its arena when it is large, and sends small
-ones and BYTES inline. The receiver views the sender's arena at the descriptor's offset: no
+body received into it, or a model output written into a block lent to the run: ``LentBlocks``),
+copies it into a block of its arena when it is large, and sends small ones and BYTES inline. The receiver views the sender's arena at the descriptor's offset: no
 copy. A descriptor that does not fit the arena or its shape is a bug of the sender and fails
 that request alone (``InternalError``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -52,13 +53,70 @@ class Outbox:
                 total += a.nbytes
         return total
 
+    def array(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[int, np.ndarray] | None:
+        """A new block viewed as an array of ``dtype`` and ``shape``: its offset (the caller
+        frees it) and the array; None when the arena is full."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        offset = self._allocate(nbytes)
+        if offset is None:
+            return None
+        return offset, self.whole[offset : offset + nbytes].view(dtype).reshape(shape)
+
     def store(self, data: np.ndarray) -> int | None:
         """Copy ``data`` into a new block: its offset (the caller frees it), None when full."""
-        offset = self._allocate(data.nbytes)
-        if offset is not None:
-            target = self.whole[offset : offset + data.nbytes].view(data.dtype)
-            np.copyto(target.reshape(data.shape), data, casting="no")
-        return offset
+        block = self.array(data.dtype, data.shape)
+        if block is None:
+            return None
+        np.copyto(block[1], data, casting="no")
+        return block[0]
+
+
+class LentBlocks:
+    """Blocks of the arena lent to one request's model run for its outputs
+    (``backends.base.OutputMemory``; called from the instance's thread). Those the answer's
+    descriptors carry go to the front end, which releases them (``hand_over``); ``reclaim``
+    frees the rest: outputs not asked for in the end, replaced (classification), or the
+    request failed. Made for every request, and nearly always left unused: kept cheap."""
+
+    __slots__ = ("_free", "_lent", "_outbox")
+
+    def __init__(self, outbox: Outbox, free: Callable[[int], None]) -> None:
+        self._outbox = outbox
+        self._free = free
+        self._lent: dict[int, int] | None = None  # offset -> bytes, lent, not handed over
+
+    def allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        if math.prod(shape) == 0:
+            return np.empty(shape, dtype)
+        block = self._outbox.array(dtype, shape)
+        if block is None:
+            return None
+        offset, array = block
+        if self._lent is None:
+            self._lent = {}
+        self._lent[offset] = array.nbytes
+        return array
+
+    def hand_over(self, tensors: Sequence[Tensor]) -> None:
+        """``tensors`` (descriptors being sent) carry the blocks they point at. One pointing
+        inside a lent block, not at its start, could not be released by the front end: a bug,
+        failing the request before anything is sent."""
+        lent = self._lent
+        if lent is None:
+            return
+        for tensor in tensors:
+            offset = tensor.offset
+            if offset not in lent and any(start < offset < start + n for start, n in lent.items()):
+                raise InternalError(f"output '{tensor.name}' lies inside a lent block")
+        for tensor in tensors:
+            lent.pop(tensor.offset, None)
+
+    def reclaim(self) -> None:
+        """Free every block not handed over."""
+        lent, self._lent = self._lent, None
+        if lent is not None:
+            for offset in lent:
+                self._free(offset)
 
 
 def shm_tuple(ref: SharedMemoryRef | None) -> tuple[str, int, int] | None:

@@ -407,6 +407,8 @@ class DynamicBatcher(Runners):
                 if self._stats is not None:
                     self._stats.record_execution(rows, 0, computed, 0)
                 return
+            # A request batched alone may have its outputs written where it wants them.
+            memory = jobs[0].memory if len(jobs) == 1 and self._layout.plain else None
             if runner.instance.joins_on_device:  # each request's rows copied to the device
                 outputs = await runner.run_parts(self._layout.gather_parts(jobs), names)
             elif sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:
@@ -416,10 +418,11 @@ class DynamicBatcher(Runners):
                     lambda: self._layout.gather(jobs, buffers),
                     names,
                     lambda produced: _unaliased(produced, buffers),
+                    memory,
                 )
             else:
                 inputs = self._layout.gather(jobs, buffers)
-                outputs = _unaliased(await runner.run(inputs, names), buffers)
+                outputs = _unaliased(await runner.run(inputs, names, memory), buffers)
             computed = time.perf_counter_ns() - started
             answers = self._layout.scatter(self._model, jobs, outputs)
             for pending, answer in zip(batch, answers):

@@ -89,7 +89,7 @@ class DirectScheduler(Runners):
                     raise answer
                 outputs = answer
             elif self._layout.plain:
-                outputs = await runner.run(job.inputs, job.output_names)
+                outputs = await runner.run(job.inputs, job.output_names, job.memory)
             else:  # ragged inputs flattened, batch inputs added, batch outputs shaped
                 inputs = self._layout.gather([job], {})
                 produced = await runner.run(inputs, job.output_names)

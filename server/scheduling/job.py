@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from backends.base import InstanceRequest, ResponseSink
+from server.memory.output_memory import OutputMemory
 from server.scheduling.times import ExecutionTimes
 
 
@@ -30,6 +31,8 @@ class Job:
     cancelled: bool = False
     #: a decoupled model's responses go here (``ResponseSink``), not into the job's result
     respond: ResponseSink | None = None
+    #: where a run of this job alone may write its outputs (``ModelInstance.execute_into``)
+    memory: OutputMemory | None = None
 
     def instance_request(self) -> InstanceRequest:
         """The request as ``ModelInstance.execute_requests`` takes it."""

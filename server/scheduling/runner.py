@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backends.base import ModelInstance, RequestResult
+from server.memory.output_memory import OutputMemory
 from server.threads import run_in_thread
 
 if TYPE_CHECKING:
@@ -78,36 +79,50 @@ class InstanceRunner:
         )
 
     async def run(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
-        """Execute once; the caller guarantees no other execution uses this instance.
+        """Execute once; the caller guarantees no other execution uses this instance. A
+        large request's outputs may go into ``memory``; a small one is not offered it (its
+        outputs are seldom large, and the offer costs microseconds of every small request).
 
         If the caller is cancelled while the worker thread runs, the cancellation comes
         through once the thread is done: the inputs (views of the request buffer) and the
         instance stay in use until then.
         """
         small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
-        if small and self.small_runs_inline and self.instance.may_run_inline:
-            if not self._inline:
-                self._inline, self._slow_count = True, 0
-                self._inline_slow.clear()
-            return self._timed(inputs, output_names, small)
-        if small and self._inline:  # inline runs slowed down: judge afresh on the thread
-            self._inline = False
-            self._thread_runs.clear()
-        return await run_in_thread(self._thread, self._timed, inputs, output_names, small)
+        if small:
+            memory = None
+            if self.small_runs_inline and self.instance.may_run_inline:
+                if not self._inline:
+                    self._inline, self._slow_count = True, 0
+                    self._inline_slow.clear()
+                return self._timed(inputs, output_names, small, None)
+            if self._inline:  # inline runs slowed down: judge afresh on the thread
+                self._inline = False
+                self._thread_runs.clear()
+        return await run_in_thread(
+            self._thread, self._timed, inputs, output_names, small, memory
+        )
 
     async def run_batch(
         self,
         prepare: Callable[[], Mapping[str, np.ndarray]],
         output_names: Sequence[str],
         finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
-        """``finish(execute(prepare()))`` on the worker thread: for large batches, whose
-        gathering and copies cost as much as running them. Cancellation waits as in ``run``."""
+        """``finish(execute(prepare()))`` on the worker thread (outputs maybe into
+        ``memory``): for large batches, whose gathering and copies cost as much as running
+        them. Cancellation waits as in ``run``."""
 
         def work() -> dict[str, np.ndarray]:
-            return finish(self.instance.execute(prepare(), output_names))
+            inputs = prepare()
+            if memory is None:
+                return finish(self.instance.execute(inputs, output_names))
+            return finish(self.instance.execute_into(inputs, output_names, memory))
 
         return await run_in_thread(self._thread, work)
 
@@ -163,11 +178,17 @@ class InstanceRunner:
         self._ready_check = None
 
     def _timed(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], small: bool
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        small: bool,
+        memory: OutputMemory | None,
     ) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         try:
-            return self.instance.execute(inputs, output_names)
+            if memory is None:
+                return self.instance.execute(inputs, output_names)
+            return self.instance.execute_into(inputs, output_names, memory)
         finally:
             if small:
                 self._record(time.perf_counter() - start)

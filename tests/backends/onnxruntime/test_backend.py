@@ -368,3 +368,108 @@ def test_sequence_control_and_state_tensors_are_checked(
         "unable to load model 'simple_string_dyna_sequence': sequence batching state output "
         "'NOT_THERE' is not a tensor of the model (it has ['ACC_OUT', 'OUTPUT'])"
     )
+
+
+# --- outputs written into memory the caller offers (execute_into) ----------------------------
+
+
+class Memory:
+    """An ``OutputMemory`` that hands out arrays filled with a marker, or none."""
+
+    def __init__(self, room: bool = True) -> None:
+        self.room = room
+        self.given: list[np.ndarray] = []
+
+    def allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        if not self.room:
+            return None
+        array = np.full(shape, 7, dtype=dtype)
+        self.given.append(array)
+        return array
+
+
+def _doubling_model(path: Path) -> Path:
+    """OUTPUT0 = Concat(INPUT0, INPUT0) on axis 0, declared [n] like its input [n]: a graph
+    whose dimension names promise a shape its run does not keep."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["INPUT0", "INPUT0"], ["OUTPUT0"], axis=0)],
+        "doubling",
+        [helper.make_tensor_value_info("INPUT0", onnx.TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", onnx.TensorProto.FLOAT, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = make_models.IR_VERSION
+    return make_models.save(model, path)
+
+
+def test_large_outputs_are_written_into_the_memory_offered(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    instance = _load(backend, identity_models["FP32"], _config("m", "FP32"))
+    data = np.random.default_rng(0).random((4, 16384), dtype=np.float32)  # 256 KiB
+    memory = Memory()
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], memory)
+    (given,) = memory.given
+    assert out["OUTPUT0"] is given
+    assert np.array_equal(given, data)
+
+
+def test_small_outputs_are_not_bound_to_the_memory_offered(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    instance = _load(backend, identity_models["FP32"], _config("m", "FP32"))
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    memory = Memory()
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], memory)
+    assert memory.given == []
+    assert np.array_equal(out["OUTPUT0"], data)
+
+
+def test_without_room_the_run_writes_its_own_memory(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    instance = _load(backend, identity_models["FP32"], _config("m", "FP32"))
+    data = np.random.default_rng(1).random((4, 16384), dtype=np.float32)
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], Memory(room=False))
+    assert np.array_equal(out["OUTPUT0"], data)
+
+
+def test_bytes_outputs_are_never_bound(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    instance = _load(backend, identity_models["BYTES"], _config("m", "BYTES"))
+    data = np.array([[b"x" * 70000]], dtype=object)
+    memory = Memory()
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], memory)
+    assert memory.given == []
+    assert out["OUTPUT0"][0, 0] == data[0, 0]
+
+
+def test_a_graph_breaking_its_dimension_names_runs_as_usual_and_is_trusted_no_more(
+    backend: OnnxRuntimeBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _doubling_model(tmp_path / "doubling" / "1" / "model.onnx")
+    instance = _load(backend, path, _config("doubling", "FP32", max_batch=0))
+    data = np.arange(32768, dtype=np.float32)  # 128 KiB: bound, if the names were believed
+    memory = Memory()
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], memory)
+    assert np.array_equal(out["OUTPUT0"], np.concatenate([data, data]))
+    assert len(memory.given) == 1  # tried once; the caller reclaims it
+    assert "do not keep the shapes" in caplog.text
+    out = instance.execute_into({"INPUT0": data}, ["OUTPUT0"], memory)
+    assert np.array_equal(out["OUTPUT0"], np.concatenate([data, data]))
+    assert len(memory.given) == 1  # not tried again
+
+
+def test_a_model_fault_through_execute_into_raises(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    instance = _load(backend, identity_models["FP32"], _config("m", "FP32"))
+    memory = Memory()
+    wrong_type = np.ones((4, 16384), dtype=np.float64)  # shapes resolve; the runs both fail
+    with pytest.raises(Exception, match="Unexpected input data type"):
+        instance.execute_into({"INPUT0": wrong_type}, ["OUTPUT0"], memory)
+    assert len(memory.given) == 1  # the bound run was tried first

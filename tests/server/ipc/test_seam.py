@@ -24,7 +24,7 @@ from server.ipc.service import ExecutorService
 from server.ipc.tensors import Outbox
 from server.memory.arena import Arena, ArenaPool
 from server.protocol.datatypes import BY_NAME
-from server.protocol.types import InferRequest, InputTensor
+from server.protocol.types import InferRequest, InputTensor, RequestedOutput
 from server.repository.manager import ModelRepository
 from server.settings import Settings
 
@@ -139,6 +139,45 @@ def test_large_tensors_travel_through_the_arenas_and_are_freed(models: Path) -> 
         response.release()
         assert seam.pool.bytes_in_use == 0
         await asyncio.sleep(0.05)  # the releases reach the executor
+        (connection,) = seam.service._connections
+        assert connection.allocator.bytes_in_use == 0
+    run(models, body)
+
+
+def test_a_large_output_is_written_by_the_model_into_the_executor_arena(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body(seam: Seam) -> None:
+        data = np.random.default_rng(2).random((4, 131072), dtype=np.float32)
+        block = seam.pool.acquire(data.nbytes)
+        inside = np.frombuffer(block.view, dtype=np.float32).reshape(data.shape)
+        inside[...] = data
+
+        def no_copy(self: Outbox, data: np.ndarray) -> int | None:
+            raise AssertionError(f"{data.nbytes} bytes copied into an arena")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Outbox, "store", no_copy)
+            response = await seam.client.infer(ident_request(4, 131072, inside))
+        assert np.array_equal(response.outputs[0].data, data)
+        assert response.on_release is not None
+        response.release()
+        block.release()
+        await asyncio.sleep(0.05)  # the release reaches the executor
+        (connection,) = seam.service._connections
+        assert connection.allocator.bytes_in_use == 0
+    run(models, body)
+
+
+def test_blocks_lent_for_outputs_the_answer_does_not_carry_are_freed(models: Path) -> None:
+    async def body(seam: Seam) -> None:
+        request = ident_request(4, 131072)
+        request.outputs = [RequestedOutput("OUTPUT0", {"classification": 2})]
+        response = await seam.client.infer(request)
+        assert response.outputs[0].datatype.name == "BYTES"  # the model's output replaced
+        assert response.outputs[0].shape == (4, 2)
+        response.release()
+        await asyncio.sleep(0.05)
         (connection,) = seam.service._connections
         assert connection.allocator.bytes_in_use == 0
     run(models, body)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from backends.base import ModelInstance
+from server.memory.output_memory import OutputMemory
 from server.scheduling.runner import (
     INLINE_BELOW_S,
     INLINE_WINDOW,
@@ -176,3 +177,49 @@ def test_aclose_releases_on_the_worker_thread_while_the_loop_serves() -> None:
     assert instance.closed
     assert instance.threads[-1].startswith("m-0"), "released on its own thread"
     assert ticks >= 10, f"the loop was stalled during the release ({ticks} ticks in 0.3 s)"
+
+
+class Memory:
+    def allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        return np.empty(shape, dtype)
+
+
+class OfferedInstance(RecordingInstance):
+    """Records whether each run was offered memory for its outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[bool] = []
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.offered.append(False)
+        return super().execute(inputs, output_names)
+
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        self.offered.append(True)
+        return super().execute(inputs, output_names)
+
+
+def test_only_large_requests_are_offered_memory_for_their_outputs() -> None:
+    instance = OfferedInstance()
+    runner = InstanceRunner("offer-0", instance)
+    small = {"x": np.zeros(16, dtype=np.uint8)}
+    large = {"x": np.zeros(SMALL_REQUEST_BYTES + 1, dtype=np.uint8)}
+
+    async def scenario() -> None:
+        for _ in range(10):  # on the thread, then inline: never offered
+            await runner.run(small, ["y"], Memory())
+        await runner.run(large, ["y"], Memory())
+        await runner.run(large, ["y"])
+        await runner.run_batch(lambda: small, ["y"], lambda outputs: outputs, Memory())
+
+    asyncio.run(scenario())
+    assert instance.offered == [False] * 10 + [True, False, True]
+    runner.close()
