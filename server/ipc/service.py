@@ -1,13 +1,13 @@
 """The executor's side of the seam: serves every front end's connection from one DataPlane.
 
 Each connection brings the front end's arena (mapped here to view request tensors in place)
-and gets an output arena of its own. Blocks of it are lent to each request's run, so that a model
-may write large outputs there itself (``LentBlocks``); other large results are copied there once.
-Both arenas are unmapped when the connection has ended and its last request has finished. Requests run as
-tasks, so a ``Cancel`` stops one that is still queued (it counts as CANCELED, as in one
-process). Model loads and unloads, and log setting changes, are reported to every front end,
-and acknowledged by each, before the call that made them returns; a front end that connects
-gets the log settings as they are.
+and gets an output arena of its own. Blocks of it are lent to each request's run, so that a
+model may write large outputs there itself (``LentBlocks``); other large results are copied
+there once. Both arenas are unmapped when the connection has ended and its last request has
+finished. Requests run as tasks, so a ``Cancel`` stops one that is still queued (it counts as
+CANCELED, as in one process). Model loads and unloads, and log setting changes, are reported
+to every front end, and acknowledged by each, before the call that made them returns; a front
+end that connects gets the log settings as they are.
 """
 
 from __future__ import annotations
