@@ -5,6 +5,7 @@ and composing models' statistics, metadata and config, and explicit-mode load an
 
 from __future__ import annotations
 
+import gc
 import shutil
 import time
 from collections.abc import Iterator
@@ -279,14 +280,16 @@ def test_explicit_load_loads_composing_models_and_unload_dependents(
     client.load_model("diamond")
     assert _ready(client) == {"pipeline", "diamond", "pre", "simple", "post", "slow_double"}
     def infer_on_own_client(model: str) -> Any:
-        # A client per thread, closed in it: one collected later, in a thread without
-        # gevent's hub, fails in its finalizer (a warning pytest turns into a failure).
         own = httpclient.InferenceServerClient(explicit.url)
         try:
             return _infer(own, httpclient, model, _raw(1), ["OUT"])
         finally:
             own.close()
 
+    # An HTTP client collected in a thread without gevent's hub fails in its finalizer (a
+    # warning pytest turns into a failure): the clients earlier tests left unclosed are
+    # collected here, on the main thread, and each thread closes its own.
+    gc.collect()
     with ThreadPoolExecutor(2) as pool:  # both serve at once
         results = list(pool.map(infer_on_own_client, ["pipeline", "diamond"]))
     np.testing.assert_array_equal(results[1].as_numpy("OUT"), 6 * _raw(1) + 2)
