@@ -37,7 +37,7 @@ from server.protocol import binary, rest_codec
 from server.protocol.model_spec import ModelSpec
 from server.protocol.types import InferRequest
 from server.settings import Settings
-from server.threads import off_loop_if_large, run_in_thread
+from server.threads import OFF_LOOP_BYTES, off_loop_if_large, run_in_thread
 from server.tracing.context import TraceContext
 
 #: A model's routes, and its infer route as Tornado matches it: against the path before any
@@ -253,16 +253,17 @@ class InferExchange(httputil.HTTPMessageDelegate):
         if spec.decoupled:  # Triton's refusal (http_server.cc): decoupled models need gRPC streams
             raise Unsupported(DECOUPLED_REFUSED)
         request = await off_loop_if_large(
-            len(body), _decode, body, header_length, model, version, spec,
-            service.max_input_size,
+            _decoding_cost(len(body), header_length, spec), _decode, body, header_length, model,
+            version, spec, service.max_input_size,
         )
         self._request_id = request.id
         request.trace = TraceContext("HTTP", *self._received, self._headers.get("traceparent", ""))
         response = await service.dataplane.infer(request)
         try:
-            encoded = await off_loop_if_large(
-                response.payload_bytes, rest_codec.encode_response, response, request
-            )
+            cost = response.payload_bytes
+            if cost > OFF_LOOP_BYTES:  # (binary outputs are written from where they lie)
+                cost = rest_codec.encoding_cost(response, request)
+            encoded = await off_loop_if_large(cost, rest_codec.encode_response, response, request)
             await self._write_response(encoded)
         finally:
             response.release()
@@ -365,6 +366,17 @@ def _path_argument(text: str) -> str:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidArgument(f"Invalid unicode in url: {value[:40]!r}") from None
+
+
+def _decoding_cost(body_size: int, header_length: int | None, spec: ModelSpec) -> int:
+    """The bytes decoding reads one by one: a JSON body whole; of a binary one its JSON
+    header, unless the model has an input whose binary data is parsed or checked element by
+    element (BYTES, BOOL). Other binary tensors are views of the body, whatever their size."""
+    if header_length is None:
+        return body_size
+    if any(t.datatype.is_bytes or t.datatype.name == "BOOL" for t in spec.inputs.values()):
+        return body_size
+    return header_length
 
 
 def _decode(

@@ -7,6 +7,7 @@ JSON header bytes plus a list of memoryviews to write after it, never joined.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -310,15 +311,37 @@ def _raw_request(
     )
 
 
-def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
-    """The JSON header and binary blobs for ``response``; an output is binary when its own
-    ``binary_data`` says so, else when the request's ``binary_data_output`` does."""
+def _binary_outputs(request: InferRequest) -> Callable[[str], bool]:
+    """Whether an output goes binary: its own ``binary_data`` says so, else the request's
+    ``binary_data_output`` does."""
     default_binary = bool(request.parameters.get("binary_data_output", False))
     per_output = {o.name: o.parameters for o in request.outputs or ()}
+    return lambda name: bool(per_output.get(name, {}).get("binary_data", default_binary))
+
+
+def encoding_cost(response: InferResponse, request: InferRequest) -> int:
+    """The bytes ``encode_response`` converts or copies: outputs written as JSON, BYTES, and
+    binary outputs not contiguous and little-endian. The others go out as views."""
+    binary = _binary_outputs(request)
+    total = 0
+    for output in response.outputs:
+        data = output.data
+        if output.shared_memory is None and (
+            not binary(output.name) or output.datatype.is_bytes
+            or data.dtype.byteorder == ">" or not data.flags.c_contiguous
+        ):
+            total += data.nbytes
+    return total
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
+    """The JSON header and binary blobs for ``response`` (which outputs are binary:
+    ``_binary_outputs``)."""
+    is_binary = _binary_outputs(request)
     blobs: list[memoryview] = []
     outputs: list[dict[str, Any]] = []
     for output in response.outputs:
-        binary = per_output.get(output.name, {}).get("binary_data", default_binary)
+        binary = is_binary(output.name)
         entry: dict[str, Any] = {
             "name": output.name,
             "datatype": output.datatype.name,

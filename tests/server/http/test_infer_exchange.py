@@ -21,9 +21,10 @@ from tornado.netutil import bind_sockets
 
 from server import event_loop
 from server.errors import NotFound
+from server.generated import model_config_pb2 as mc
 from server.http.endpoint import service as http_service
 from server.http.exchange import Exchange
-from server.http.infer import INFER_PATH, InferExchange, InferService
+from server.http.infer import INFER_PATH, InferExchange, InferService, _decoding_cost
 from server.http.server import Routes
 from server.listener import Listener
 from server.memory.host_pool import HostBufferPool
@@ -381,3 +382,19 @@ def test_the_rest_of_a_large_body_is_read_into_its_buffer_and_the_connection_goe
         writer.close()
 
     run(scenario)
+
+
+def _spec(*datatypes: str) -> ModelSpec:
+    config = mc.ModelConfig(name="m")
+    for index, datatype in enumerate(datatypes):
+        config.input.add(name=f"IN{index}", data_type=mc.DataType.Value(datatype), dims=[-1])
+    return ModelSpec.from_config(config)
+
+
+def test_a_binary_body_costs_its_json_header_unless_elements_are_read_one_by_one() -> None:
+    size, header = 16 << 20, 200
+    assert _decoding_cost(size, None, _spec("TYPE_FP32")) == size  # all JSON
+    assert _decoding_cost(size, header, _spec("TYPE_FP32", "TYPE_INT8")) == header  # views
+    assert _decoding_cost(size, 0, _spec("TYPE_FP32")) == 0  # raw binary: one view
+    assert _decoding_cost(size, header, _spec("TYPE_FP32", "TYPE_STRING")) == size  # BYTES
+    assert _decoding_cost(size, 0, _spec("TYPE_BOOL")) == size  # each BOOL checked

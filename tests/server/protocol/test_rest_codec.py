@@ -18,6 +18,7 @@ from server.protocol.rest_codec import (
     decode_raw_request,
     decode_request,
     encode_response,
+    encoding_cost,
     parse_json,
 )
 from server.protocol.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
@@ -773,3 +774,18 @@ def test_bytes_binary_round_trip_through_decode() -> None:
     header = {"inputs": [_binary_input("S", "BYTES", [4], len(blob))]}
     request = _decode(header, blob)
     assert request.inputs[0].data.tolist() == items
+
+
+def test_encoding_cost_counts_only_what_encoding_converts_or_copies() -> None:
+    response = _response()
+    a, b, c = (o.data.nbytes for o in response.outputs)
+    assert encoding_cost(response, _request()) == a + b + c  # all JSON
+    assert encoding_cost(response, _request({"binary_data_output": True})) == c  # BYTES framed
+    one_binary = [RequestedOutput("OUT_A", {"binary_data": True})]
+    assert encoding_cost(response, _request(outputs=one_binary)) == b + c
+    strided = np.arange(8, dtype=np.int32).reshape(2, 4)[:, ::2]
+    big_endian = np.array([1.0, 2.0, 3.0], dtype=">f4")
+    response.outputs[0].data, response.outputs[1].data = strided, big_endian
+    assert encoding_cost(response, _request({"binary_data_output": True})) == (
+        strided.nbytes + big_endian.nbytes + c
+    )
