@@ -351,8 +351,9 @@ class OnnxRuntimeInstance(ModelInstance):
             # fault fails the plain run too, and is raised from there.
             results = self.execute(inputs, names)
             log.warning(
-                "model outputs do not keep the shapes their dimension names promise; they "
-                "are copied from now on (%s)", exc,
+                "a run writing its outputs into the memory offered failed where a plain run "
+                "succeeded (the model's dimension names do not give its output shapes); its "
+                "outputs are copied from now on: %s", exc,
             )
             self._output_shapes = None
             return results

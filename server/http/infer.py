@@ -371,8 +371,9 @@ def _path_argument(text: str) -> str:
 def _decoding_cost(body_size: int, header_length: int | None, spec: ModelSpec) -> int:
     """The bytes decoding reads one by one: a JSON body whole; of a binary one its JSON
     header, unless the model has an input whose binary data is parsed or checked element by
-    element (BYTES, BOOL). Other binary tensors are views of the body, whatever their size."""
-    if header_length is None:
+    element (BYTES, BOOL). Other binary tensors are views of the body, whatever their size.
+    (Only a large body is looked into: the answer decides nothing for a small one.)"""
+    if header_length is None or body_size <= OFF_LOOP_BYTES:
         return body_size
     if any(t.datatype.is_bytes or t.datatype.name == "BOOL" for t in spec.inputs.values()):
         return body_size

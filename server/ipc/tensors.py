@@ -2,9 +2,10 @@
 
 The sender of a tensor leaves it where it is when it already lies in its own arena (an HTTP
 body received into it, or a model output written into a block lent to the run: ``LentBlocks``),
-copies it into a block of its arena when it is large, and sends small ones and BYTES inline. The receiver views the sender's arena at the descriptor's offset: no
-copy. A descriptor that does not fit the arena or its shape is a bug of the sender and fails
-that request alone (``InternalError``).
+copies it into a block of its arena when it is large, and sends small ones and BYTES inline.
+The receiver views the sender's arena at the descriptor's offset: no copy. A descriptor that
+does not fit the arena or its shape is a bug of the sender and fails that request alone
+(``InternalError``).
 """
 
 from __future__ import annotations

@@ -94,12 +94,17 @@ def tensor_from_bytes(
     return reshape(data, shape, name)
 
 
+def written_as_view(array: np.ndarray, datatype: DataType) -> bool:
+    """Whether ``tensor_to_bytes`` gives a view of ``array`` (else it makes new bytes)."""
+    return not datatype.is_bytes and array.dtype.byteorder != ">" and array.flags.c_contiguous
+
+
 def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> memoryview:
     """The wire bytes of an output: a view of a contiguous array, or framed BYTES."""
     if datatype.is_bytes:
         return memoryview(serialize_bytes(array))
     # The wire is little-endian whatever the array's byte order.
-    if array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+    if not written_as_view(array, datatype):
         array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     return array.reshape(-1).view(np.uint8).data
 

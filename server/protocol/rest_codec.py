@@ -16,7 +16,7 @@ import orjson
 
 from server.errors import InvalidArgument
 from server.protocol import classification, datatypes, json_codec
-from server.protocol.binary import tensor_from_bytes, tensor_to_bytes
+from server.protocol.binary import tensor_from_bytes, tensor_to_bytes, written_as_view
 from server.protocol.datatypes import DataType
 from server.protocol.json_codec import MAX_JSON_DEPTH
 from server.protocol.model_spec import ModelSpec
@@ -325,12 +325,10 @@ def encoding_cost(response: InferResponse, request: InferRequest) -> int:
     binary = _binary_outputs(request)
     total = 0
     for output in response.outputs:
-        data = output.data
-        if output.shared_memory is None and (
-            not binary(output.name) or output.datatype.is_bytes
-            or data.dtype.byteorder == ">" or not data.flags.c_contiguous
+        if output.shared_memory is None and not (
+            binary(output.name) and written_as_view(output.data, output.datatype)
         ):
-            total += data.nbytes
+            total += output.data.nbytes
     return total
 
 
