@@ -103,6 +103,14 @@ def test_changed_model_is_reloaded(repo: Path, client: httpclient.InferenceServe
 def test_removed_model_is_unloaded(repo: Path, client: httpclient.InferenceServerClient) -> None:
     shutil.rmtree(repo / "b")
     wait_until(lambda: not client.is_model_ready("b"), DEADLINE)
+
+    def unloaded() -> bool:
+        """Not ready already while unloading, when requests get a 503 "being unloaded"; the
+        unload ends once the version's sessions are closed."""
+        error = client_error(infer_identity, client, "b", rows(1))
+        return str(error.status()) != "503"
+
+    wait_until(unloaded, DEADLINE)
     error = client_error(infer_identity, client, "b", rows(1))
     assert (str(error.status()), error.message()) == (
         "404", "Request for unknown model: 'b' has no available versions"
