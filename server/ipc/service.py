@@ -145,6 +145,7 @@ class ExecutorService:
             m.to_executor_decoder(),
             lambda message: self._on_message(connection, message),
             lambda: self._on_lost(connection),
+            gather=True,
         )
         self._connections.add(connection)  # a model change from now on reaches it
         try:

@@ -1,13 +1,16 @@
 """Channel: a message that arrives as the channel attaches can be answered through it, and
-what is sent before the transport exists goes out once it does."""
+what is sent before the transport exists goes out once it does; a gathering channel writes
+what tasks send in one pass of the loop at once, and what callbacks send at once."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
+from typing import Any
 
 import msgspec
+import pytest
 
 from server.ipc.channel import Channel
 
@@ -51,3 +54,97 @@ def test_a_message_waiting_on_the_socket_is_answered_and_early_sends_are_kept() 
             peer.close()
 
     assert asyncio.run(scenario()) == [7, 42]
+
+
+class _Recorder(asyncio.Transport):
+    """Keeps each write call's bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _attached(gather: bool) -> tuple[Channel[int], _Recorder]:
+    channel: Channel[int] = Channel(
+        msgspec.msgpack.Decoder(int), lambda value: None, lambda: None, gather=gather
+    )
+    transport = _Recorder()
+    channel.connection_made(transport)
+    return channel, transport
+
+
+async def _send_from_tasks(channel: Channel[int], values: list[int]) -> None:
+    """Each value sent by its own task, all of them resumed in one pass (a batch's answers)."""
+    released = asyncio.Event()
+
+    async def answer(value: int) -> None:
+        await released.wait()
+        channel.send(value)
+
+    tasks = [asyncio.create_task(answer(value)) for value in values]
+    await asyncio.sleep(0)  # every task waits on the event
+    released.set()
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_what_tasks_send_in_one_pass_is_one_write_when_gathering(gather: bool) -> None:
+    async def scenario() -> list[bytes]:
+        channel, transport = _attached(gather)
+        await _send_from_tasks(channel, [1, 2, 3])
+        await asyncio.sleep(0)  # the end of the pass
+        return transport.writes
+
+    frames = [_frame(1), _frame(2), _frame(3)]
+    assert asyncio.run(scenario()) == ([b"".join(frames)] if gather else frames)
+
+
+def test_a_callback_send_is_written_at_once_and_keeps_the_order() -> None:
+    async def scenario() -> list[list[bytes]]:
+        channel, transport = _attached(gather=True)
+        seen: list[list[bytes]] = []
+
+        def inline_answer() -> None:  # no task: as a request answered while it is read
+            channel.send(1)
+            seen.append(list(transport.writes))
+
+        asyncio.get_running_loop().call_soon(inline_answer)
+        await asyncio.sleep(0)
+
+        async def answer() -> None:
+            channel.send(2)  # gathered
+
+        task = asyncio.create_task(answer())
+        # a callback of the same pass, after the task's step: its message goes behind 2
+        asyncio.get_running_loop().call_soon(channel.send, 3)
+        await task
+        await asyncio.sleep(0)
+        seen.append(transport.writes)
+        return seen
+
+    before, after = asyncio.run(scenario())
+    assert before == [_frame(1)]
+    assert b"".join(after) == _frame(1) + _frame(2) + _frame(3)
+
+
+def test_gathered_messages_go_out_before_the_channel_closes() -> None:
+    async def scenario() -> _Recorder:
+        channel, transport = _attached(gather=True)
+
+        async def answer_and_close() -> None:
+            channel.send(5)
+            channel.close()
+
+        await asyncio.create_task(answer_and_close())
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert transport.writes == [_frame(5)] and transport.closed
