@@ -323,9 +323,7 @@ class OnnxRuntimeInstance(ModelInstance):
         )
         if planned is None:
             return self.execute(inputs, names)
-        total = 0
-        for dtype, shape in planned:  # a loop: this is asked of every request
-            total += math.prod(shape) * dtype.itemsize
+        total = sum(math.prod(shape) * dtype.itemsize for dtype, shape in planned)
         if total < DIRECT_OUTPUT_BYTES or any(
             array.dtype == object or array.dtype == BF16 for array in inputs.values()
         ):

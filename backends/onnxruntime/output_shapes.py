@@ -43,7 +43,7 @@ class OutputShapes:
         """Dtype and shape of each output in ``names`` for a run on ``inputs``; None when
         one of them is not known before the run."""
         planned = []
-        try:  # (asked of every request: no checks that a missing input or axis cannot fail)
+        try:  # a missing input or axis fails the lookup: no checks beforehand
             for name in names:
                 rule = self._rules[name]
                 if rule is None:
