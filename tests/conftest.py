@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,23 @@ def server(datatype_repository: Path) -> Iterator[ServerProcess]:
     assert process.port is not None, process.log
     yield process
     process.stop()
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., Any]]:
+    """Opens tritonclient clients (``connect(tritonclient.http, url)``) and closes them after
+    the test. A client left open is closed by the garbage collector, in whichever later test it
+    runs, and its socket may be finalized first: a ResourceWarning that fails that test."""
+    opened: list[Any] = []
+
+    def open_client(module: Any, url: str, **options: Any) -> Any:
+        client = module.InferenceServerClient(url, **options)
+        opened.append(client)
+        return client
+
+    yield open_client
+    for client in opened:
+        client.close()
 
 
 @pytest.fixture

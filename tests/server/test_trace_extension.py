@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,9 @@ def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def server(traced: tuple[ServerProcess, Path]) -> Iterator[ServerProcess]:
     """The server with its trace settings put back to the flags' after the test."""
     yield traced[0]
-    client = httpclient.InferenceServerClient(traced[0].url)
-    client.update_trace_settings(model_name="echo", settings=dict.fromkeys(KEYS))
-    client.update_trace_settings(settings=dict.fromkeys(KEYS))
+    with httpclient.InferenceServerClient(traced[0].url) as client:
+        client.update_trace_settings(model_name="echo", settings=dict.fromkeys(KEYS))
+        client.update_trace_settings(settings=dict.fromkeys(KEYS))
 
 
 def _expected(path: Path, level: list[str], rate: str = "1", count: str = "-1",
@@ -99,16 +99,17 @@ def _grpc_settings(client: grpcclient.InferenceServerClient, **kwargs: Any) -> d
     return {key: value.get("value", []) for key, value in answer["settings"].items()}
 
 
-def test_metadata_lists_the_extension(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_metadata_lists_the_extension(server: ServerProcess, connect: Callable[..., Any]) -> None:
+    client = connect(httpclient, server.url)
     assert "trace" in client.get_server_metadata()["extensions"]
 
 
 def test_http_settings_models_follow_the_global_ones(
-    server: ServerProcess, traced: tuple[ServerProcess, Path]
+    server: ServerProcess, traced: tuple[ServerProcess, Path],
+    connect: Callable[..., Any],
 ) -> None:
     path = traced[1]
-    client = httpclient.InferenceServerClient(server.url)
+    client = connect(httpclient, server.url)
     assert client.get_trace_settings() == _expected(path, ["TIMESTAMPS"])
     assert client.get_trace_settings(model_name="echo") == _expected(path, ["TIMESTAMPS"])
     # Triton's L0_trace sequence: a model's own values stay, the rest follows the global.
@@ -131,10 +132,11 @@ def test_http_settings_models_follow_the_global_ones(
 
 
 def test_grpc_settings_models_follow_the_global_ones(
-    server: ServerProcess, traced: tuple[ServerProcess, Path]
+    server: ServerProcess, traced: tuple[ServerProcess, Path],
+    connect: Callable[..., Any],
 ) -> None:
     path = str(traced[1])
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = connect(grpcclient, server.grpc_url)
     initial = {"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_count": ["-1"],
                "log_frequency": ["1"], "trace_file": [path], "trace_mode": ["triton"]}
     assert _grpc_settings(client) == initial
@@ -153,9 +155,9 @@ def test_grpc_settings_models_follow_the_global_ones(
     }
 
 
-def test_refusals_with_tritons_texts(server: ServerProcess) -> None:
-    http = httpclient.InferenceServerClient(server.url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+def test_refusals_with_tritons_texts(server: ServerProcess, connect: Callable[..., Any]) -> None:
+    http = connect(httpclient, server.url)
+    grpc = connect(grpcclient, server.grpc_url)
     cases: list[tuple[Any, str]] = [
         (lambda: http.get_trace_settings(model_name="nope"), "Request for unknown model : nope"),
         (lambda: grpc.get_trace_settings(model_name="nope"), "Request for unknown model : nope"),
@@ -189,18 +191,18 @@ def test_refusals_with_tritons_texts(server: ServerProcess) -> None:
 
 def _http_infer(server: ServerProcess, request_id: str, headers: dict[str, str] | None = None,
                 model: str = "echo") -> None:
-    client = httpclient.InferenceServerClient(server.url)
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
-    client.infer(model, [tensor], request_id=request_id, headers=headers)
+    with httpclient.InferenceServerClient(server.url) as client:
+        client.infer(model, [tensor], request_id=request_id, headers=headers)
 
 
 def _grpc_infer(server: ServerProcess, request_id: str, headers: dict[str, str] | None = None
                 ) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
     tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
-    client.infer("echo", [tensor], request_id=request_id, headers=headers)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.infer("echo", [tensor], request_id=request_id, headers=headers)
 
 
 def _traces_of(path: Path, request_id: str, expected: int = 1, timeout: float = 10.0
@@ -252,9 +254,10 @@ def test_file_mode_writes_tritons_json_for_http_and_grpc(
 
 
 def test_grpc_stream_requests_are_traced(
-    server: ServerProcess, traced: tuple[ServerProcess, Path]
+    server: ServerProcess, traced: tuple[ServerProcess, Path],
+    connect: Callable[..., Any],
 ) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = connect(grpcclient, server.grpc_url)
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put(error or result))
     tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -287,8 +290,10 @@ def test_ensemble_steps_are_child_traces(
         assert _names(steps) == HTTP_ORDER[2:-2] and child["request_id"] == "ensemble"
 
 
-def test_tensors_level(server: ServerProcess, traced: tuple[ServerProcess, Path]) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_tensors_level(
+    server: ServerProcess, traced: tuple[ServerProcess, Path], connect: Callable[..., Any]
+) -> None:
+    client = connect(httpclient, server.url)
     client.update_trace_settings(model_name="echo", settings={"trace_level": ["TENSORS"]})
     _http_infer(server, "tensors")
     (trace,) = _traces_of(traced[1], "tensors")
@@ -302,9 +307,10 @@ def test_tensors_level(server: ServerProcess, traced: tuple[ServerProcess, Path]
 
 
 def test_rate_and_count_sample_requests(
-    server: ServerProcess, traced: tuple[ServerProcess, Path]
+    server: ServerProcess, traced: tuple[ServerProcess, Path],
+    connect: Callable[..., Any],
 ) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+    client = connect(httpclient, server.url)
     client.update_trace_settings(model_name="echo", settings={"trace_rate": "2",
                                                               "trace_count": "2"})
     for _ in range(7):
@@ -339,9 +345,11 @@ def otel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     receiver.close()
 
 
-def test_opentelemetry_settings_answer(otel: tuple[ServerProcess, OtlpReceiver]) -> None:
+def test_opentelemetry_settings_answer(
+    otel: tuple[ServerProcess, OtlpReceiver], connect: Callable[..., Any]
+) -> None:
     process, receiver = otel
-    assert httpclient.InferenceServerClient(process.url).get_trace_settings() == {
+    assert connect(httpclient, process.url).get_trace_settings() == {
         "trace_level": ["TIMESTAMPS"], "trace_rate": "0", "trace_count": "-1",
         "trace_mode": "opentelemetry", "url": receiver.url, "bsp_schedule_delay": "100",
         "resource": "deployment=test", "bsp_max_queue_size": "2048",

@@ -85,7 +85,8 @@ def test_a_sweep_hits_the_cache_in_the_given_proportion(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "80% of requests repeat one input set, the rest new" in result.stdout
-        stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("echo")
+        with httpclient.InferenceServerClient(server.url) as client:
+            stats = client.get_inference_statistics("echo")
     finally:
         server.stop()
     inference = stats["model_stats"][0]["inference_stats"]

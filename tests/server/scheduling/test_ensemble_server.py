@@ -5,11 +5,9 @@ and composing models' statistics, metadata and config, and explicit-mode load an
 
 from __future__ import annotations
 
-import gc
 import shutil
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,9 +161,11 @@ def _infer(client: Any, module: Any, model: str, raw: np.ndarray, outputs: list[
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_pipeline_outputs(server: ServerProcess, transport: str) -> None:
+def test_pipeline_outputs(
+    server: ServerProcess, transport: str, connect: Callable[..., Any]
+) -> None:
     module = httpclient if transport == "http" else grpcclient
-    client = module.InferenceServerClient(server.url if transport == "http" else server.grpc_url)
+    client = connect(module, server.url if transport == "http" else server.grpc_url)
     raw = _raw(3)
     result = _infer(client, module, "pipeline", raw, ["OUT", "SUM"])
     np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * raw + 11).astype(np.float32))
@@ -175,8 +175,10 @@ def test_pipeline_outputs(server: ServerProcess, transport: str) -> None:
     np.testing.assert_array_equal(only.as_numpy("SUM"), 3 * raw + 1)
 
 
-def test_diamond_runs_its_middle_steps_at_once(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_diamond_runs_its_middle_steps_at_once(
+    server: ServerProcess, connect: Callable[..., Any]
+) -> None:
+    client = connect(httpclient, server.url)
     raw = _raw(1)
     _infer(client, httpclient, "diamond", raw, ["OUT"])  # warm
     started = time.perf_counter()
@@ -191,8 +193,10 @@ def _stats(client: httpclient.InferenceServerClient, model: str) -> dict[str, An
     return entry
 
 
-def test_statistics_of_ensemble_and_composing_models(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_statistics_of_ensemble_and_composing_models(
+    server: ServerProcess, connect: Callable[..., Any]
+) -> None:
+    client = connect(httpclient, server.url)
     names = ("pipeline", "pre", "simple", "post")
     before = {name: _stats(client, name) for name in names}
     for _ in range(3):
@@ -220,8 +224,8 @@ def test_statistics_of_ensemble_and_composing_models(server: ServerProcess) -> N
     assert batch[2]["compute_infer"]["count"] >= 3
 
 
-def test_metadata_and_config(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_metadata_and_config(server: ServerProcess, connect: Callable[..., Any]) -> None:
+    client = connect(httpclient, server.url)
     metadata = client.get_model_metadata("pipeline")
     assert metadata["platform"] == "ensemble"
     assert [t["name"] for t in metadata["outputs"]] == ["OUT", "SUM"]
@@ -231,12 +235,12 @@ def test_metadata_and_config(server: ServerProcess) -> None:
     steps = config["ensemble_scheduling"]["step"]
     assert [s["model_name"] for s in steps] == ["pre", "simple", "post"]
     assert config["instance_group"] == []
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc = connect(grpcclient, server.grpc_url)
     assert grpc.get_model_metadata("pipeline").platform == "ensemble"
 
 
-def test_composing_error_is_prefixed(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_composing_error_is_prefixed(server: ServerProcess, connect: Callable[..., Any]) -> None:
+    client = connect(httpclient, server.url)
     tensor = httpclient.InferInput("RAW", [9, 16], "INT32")
     tensor.set_data_from_numpy(_raw(9))
     with pytest.raises(InferenceServerException, match="batch-size must be <= 8 for 'pipeline'"):
@@ -246,8 +250,10 @@ def test_composing_error_is_prefixed(server: ServerProcess) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * raw + 11).astype(np.float32))
 
 
-def test_unknown_composing_model_fails_the_load(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_unknown_composing_model_fails_the_load(
+    server: ServerProcess, connect: Callable[..., Any]
+) -> None:
+    client = connect(httpclient, server.url)
     with pytest.raises(
         InferenceServerException,
         match="ensemble broken contains models that are not available or ambiguous: nowhere",
@@ -273,25 +279,24 @@ def _ready(client: httpclient.InferenceServerClient) -> set[str]:
 
 def test_explicit_load_loads_composing_models_and_unload_dependents(
     explicit: ServerProcess,
+    connect: Callable[..., Any],
 ) -> None:
-    client = httpclient.InferenceServerClient(explicit.url)
+    client = connect(httpclient, explicit.url)
     client.load_model("pipeline")
     assert _ready(client) == {"pipeline", "pre", "simple", "post"}
     client.load_model("diamond")
     assert _ready(client) == {"pipeline", "diamond", "pre", "simple", "post", "slow_double"}
-    def infer_on_own_client(model: str) -> Any:
-        own = httpclient.InferenceServerClient(explicit.url)
-        try:
-            return _infer(own, httpclient, model, _raw(1), ["OUT"])
-        finally:
-            own.close()
-
-    # An HTTP client collected in a thread without gevent's hub fails in its finalizer (a
-    # warning pytest turns into a failure): the clients earlier tests left unclosed are
-    # collected here, on the main thread, and each thread closes its own.
-    gc.collect()
-    with ThreadPoolExecutor(2) as pool:  # both serve at once
-        results = list(pool.map(infer_on_own_client, ["pipeline", "diamond"]))
+    # both serve at once: two requests in flight on one client of two connections
+    client_of_two = connect(httpclient, explicit.url, concurrency=2)
+    pending = []
+    for model in ("pipeline", "diamond"):
+        tensor = httpclient.InferInput("RAW", [1, 16], "INT32")
+        tensor.set_data_from_numpy(_raw(1))
+        pending.append(client_of_two.async_infer(model, [tensor]))
+    results = [request.get_result() for request in pending]
+    np.testing.assert_array_equal(
+        results[0].as_numpy("OUT"), (29 * _raw(1) + 11).astype(np.float32)
+    )
     np.testing.assert_array_equal(results[1].as_numpy("OUT"), 6 * _raw(1) + 2)
     # pre and simple are still used by diamond; post goes with pipeline
     client.unload_model("pipeline", unload_dependents=True)
@@ -299,7 +304,7 @@ def test_explicit_load_loads_composing_models_and_unload_dependents(
     client.unload_model("diamond")  # without dependents: the composing models stay
     assert _ready(client) == {"pre", "simple", "slow_double"}
     client.load_model("pipeline")
-    grpc = grpcclient.InferenceServerClient(explicit.grpc_url)
+    grpc = connect(grpcclient, explicit.grpc_url)
     grpc.unload_model("pipeline", unload_dependents=True)
     # loaded as composing models only, and in no ensemble still loaded: all go
     assert _ready(client) == {"slow_double"}
@@ -316,9 +321,10 @@ def _state(client: httpclient.InferenceServerClient, name: str) -> tuple[str, st
 
 def test_an_ensemble_is_unavailable_while_a_composing_model_is_unloaded(
     explicit: ServerProcess,
+    connect: Callable[..., Any],
 ) -> None:
-    client = httpclient.InferenceServerClient(explicit.url)
-    grpc = grpcclient.InferenceServerClient(explicit.grpc_url)
+    client = connect(httpclient, explicit.url)
+    grpc = connect(grpcclient, explicit.grpc_url)
     client.load_model("pipeline")
     client.load_model("diamond")
     client.unload_model("post")  # pipeline's last step; diamond does not use it
@@ -355,6 +361,7 @@ def _wait_state(client: httpclient.InferenceServerClient, name: str, state: str)
 
 def test_poll_mode_a_removed_composing_model_takes_its_ensemble_until_it_is_back(
     tmp_path: Path,
+    connect: Callable[..., Any],
 ) -> None:
     root = build_repository(tmp_path / "models")
     shutil.rmtree(root / "broken")
@@ -363,7 +370,7 @@ def test_poll_mode_a_removed_composing_model_takes_its_ensemble_until_it_is_back
     )
     try:
         assert process.port is not None, process.log
-        client = httpclient.InferenceServerClient(process.url)
+        client = connect(httpclient, process.url)
         (root / "post").rename(tmp_path / "post")
         _wait_state(client, "pipeline", "UNAVAILABLE")
         assert client.is_model_ready("diamond") and client.is_server_ready()
@@ -377,13 +384,15 @@ def test_poll_mode_a_removed_composing_model_takes_its_ensemble_until_it_is_back
         process.stop()
 
 
-def test_loading_every_model_loads_ensembles_after_composing_ones(tmp_path: Path) -> None:
+def test_loading_every_model_loads_ensembles_after_composing_ones(
+    tmp_path: Path, connect: Callable[..., Any]
+) -> None:
     root = build_repository(tmp_path)
     shutil.rmtree(root / "broken")
     process = start_server(root)  # model control mode none: every model at start
     try:
         assert process.port is not None, process.log
-        client = httpclient.InferenceServerClient(process.url)
+        client = connect(httpclient, process.url)
         assert {"pipeline", "diamond"} <= _ready(client)
         result = _infer(client, httpclient, "pipeline", _raw(1), ["OUT"])
         np.testing.assert_array_equal(result.as_numpy("OUT"), (29 * _raw(1) + 11).astype(np.float32))
