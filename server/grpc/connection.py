@@ -151,6 +151,7 @@ class Http2Connection(Http2Control):
         self._cancel_calls()
         self._streams.clear()
         self._blocked.clear()
+        self._batch = None  # nothing more is written
         self._release_unsettled()  # the transport holds nothing any more
         if not self.closed.done():
             self.closed.set_result(None)
@@ -187,7 +188,8 @@ class Http2Connection(Http2Control):
             self._view = memoryview(bigger)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._batch = []
+        if self._batch is None:  # (writes held since earlier in this pass stay first)
+            self._batch = []
         try:
             direct, self._direct = self._direct, None
             if direct is not None:

@@ -4,7 +4,9 @@ server's side (RFC 9113 section 5.2), as the base of ``server.grpc.connection``,
 A unary call's answer (HEADERS, DATA, trailers) is one write when the client's windows have
 room for it, nearly always; otherwise, and for streamed replies, a call's DATA waits in
 ``Call.outgoing`` until the connection's and the stream's windows, and the transport's
-buffer, let it go. Writes made while a read is parsed are held and written together.
+buffer, let it go. Writes made while a read is parsed are held and written together at its
+end; writes made elsewhere (answers resumed when the executor replies) at the end of the
+loop's pass, so that the answers of one dynamic batch for one connection are one write.
 
 A message given as ``Views`` (parts viewing the executor's output arena) is written from its
 views; its release waits until the transport's buffer is empty, i.e. the kernel has every
@@ -52,7 +54,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._table_size = 4096  # the HPACK table size the client's decoder expects of us
         self._blocked: dict[int, Call] = {}  # streams waiting for window or the transport
         self._paused = False  # the transport's buffer is full
-        self._batch: list[bytes | memoryview] | None = None  # writes held while parsing
+        self._batch: list[bytes | memoryview] | None = None  # writes held (_write_batch)
         self._batch_bytes = 0
         # releases of ``Views`` handed to the transport, due once its buffer is empty
         self._unsettled: list[Callable[[], None]] = []
@@ -93,23 +95,27 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._unsettled.extend(release for _, release in releases)
         self._settle()
 
+    def _hold_until_pass_ends(self) -> bool:
+        """Hold writes made outside a read (answers resumed by the executor's replies) until
+        the end of this pass of the loop: the answers of one dynamic batch, resumed together,
+        go out in one write. False: the connection is closed, nothing is held."""
+        if self._transport is None:
+            return False
+        self._batch = []
+        self._loop.call_soon(self._write_batch)
+        return True
+
     def _write(self, data: bytes | memoryview) -> None:
-        if self._batch is not None:
-            self._batch.append(data)
-            self._batch_bytes += len(data)
-            if self._batch_bytes > _BATCH_BYTES:
-                self._write_through()
-        elif self._transport is not None:
-            self._transport.write(data)
+        self._write_parts([data])
 
     def _write_parts(self, parts: list[bytes | memoryview]) -> None:
-        if self._batch is not None:
-            self._batch.extend(parts)
-            self._batch_bytes += sum(len(part) for part in parts)
-            if self._batch_bytes > _BATCH_BYTES:
-                self._write_through()
-        elif self._transport is not None:
-            self._transport.writelines(parts)
+        if self._batch is None and not self._hold_until_pass_ends():
+            return
+        assert self._batch is not None
+        self._batch.extend(parts)
+        self._batch_bytes += sum(len(part) for part in parts)
+        if self._batch_bytes > _BATCH_BYTES:
+            self._write_through()
 
     def _write_through(self) -> None:
         """Hand what is held to the transport now, holding on afterwards: its buffer, not
@@ -118,7 +124,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._batch = []
 
     def _write_batch(self) -> None:
-        """Write what was held while parsing."""
+        """Write what was held (while parsing, or until the end of the loop's pass)."""
         batch, self._batch = self._batch, None
         self._batch_bytes = 0
         if batch and self._transport is not None:

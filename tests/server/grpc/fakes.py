@@ -15,11 +15,14 @@ class FakeTransport:
         self.closed = False
         self.aborted = False
         self.buffered = 0
+        self.writes = 0  # calls of write and writelines
 
     def write(self, data: bytes | memoryview) -> None:
+        self.writes += 1
         self.written += data
 
     def writelines(self, parts: list[bytes | memoryview]) -> None:
+        self.writes += 1
         for part in parts:
             self.written += part
 

@@ -1,5 +1,5 @@
 """The gRPC connection against a fake transport: what it hands the socket to read into, how
-it closes, and how much it holds back while parsing."""
+it closes, how much it holds back while parsing, and what it gathers into one write."""
 
 from __future__ import annotations
 
@@ -208,3 +208,34 @@ def test_views_are_compressed_from_their_parts_or_sent_as_they_are() -> None:
         assert viewed.released == 2
 
     asyncio.run(main())
+
+
+def test_answers_resumed_in_one_pass_of_the_loop_go_out_in_one_write() -> None:
+    """Calls answered when their results arrive together (a dynamic batch's) are written
+    together at the end of that pass of the loop, not one write each."""
+
+    async def main() -> None:
+        results = asyncio.Event()
+
+        async def answer_later(request: bytes, context: CallContext) -> bytes:
+            await results.wait()
+            return bytes(request)
+
+        service = GrpcService({"/t/later": Method(answer_later)}, GrpcKeepalive())
+        connection = Http2Connection(service, ("127.0.0.1", 1))
+        transport = FakeTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        _feed(connection, frames.PREFACE + frames.settings({}) + b"".join(
+            _unary_call(stream, "/t/later", b"m%d" % stream) for stream in (1, 3, 5)))
+        await asyncio.sleep(0.01)  # every call waits for its result
+        writes = transport.writes
+        results.set()
+        await asyncio.sleep(0.01)
+        assert transport.writes == writes + 1
+        answered = {f[2]: f[3][5:] for f in _frames(bytes(transport.written))
+                    if f[0] == frames.DATA}
+        assert answered == {1: b"m1", 3: b"m3", 5: b"m5"}
+        connection.connection_lost(None)
+
+    asyncio.run(main())
+
