@@ -7,6 +7,7 @@ transport. Results are plain records or dicts in the V2 JSON shape.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -126,6 +127,10 @@ class DataPlane:
 
     def live(self) -> bool:
         return self._live
+
+    def requests_held(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing is held in one process: a request starts as soon as it is read."""
+        return contextlib.nullcontext()
 
     async def ready(self) -> bool:
         """Live and not stopping, and with strict readiness every model ready too."""

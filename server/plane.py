@@ -6,6 +6,7 @@ answer them with the executor's truth; ``live`` and ``gate`` are the answering p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from server.generated import grpc_service_pb2 as pb
@@ -36,6 +37,12 @@ class Plane(Protocol):
     async def model_config(self, name: str, version: str) -> mc.ModelConfig: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def requests_held(self) -> AbstractContextManager[None]:
+        """Requests started inside go to the models together at its end (a transport wraps
+        what it parses of one read in it, so that requests that arrived together are batched
+        together); in one process each starts at once, as there is nothing to send."""
+        ...
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamReply]:
         """Every reply to ``request`` (a decoupled model's many), the last flagged final."""

@@ -32,9 +32,11 @@ HEADERS starting calls, DATA feeding them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, cast
 
 from server.errors import InferenceServerError
@@ -80,10 +82,13 @@ class GrpcService:
         refusal: Callable[[Method, RequestHead], InferenceServerError | None] | None = None,
         max_message_size: int = (1 << 31) - 1,
         buffers: BufferSource | None = None,
+        requests_held: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         """``buffers``: where large unary requests of raw methods are received (the front
-        end's arena; the host pool in one process); None: in memory of their own."""
+        end's arena; the host pool in one process); None: in memory of their own.
+        ``requests_held`` wraps the parsing of each read (``Plane.requests_held``)."""
         self.methods = methods
+        self.requests_held = requests_held
         self.buffers = buffers
         self.keepalive = keepalive
         self.refusal = refusal
@@ -191,17 +196,18 @@ class Http2Connection(Http2Control):
         if self._batch is None:  # (writes held since earlier in this pass stay first)
             self._batch = []
         try:
-            direct, self._direct = self._direct, None
-            if direct is not None:
-                assert nbytes <= self._data_left  # the view handed out was no larger
-                self._data_left -= nbytes
-                if not direct.local_closed:
-                    direct.filled_in_place(nbytes)
-                if self._data_left == 0:
-                    self._data_done()
-            else:
-                self._end += nbytes
-                self._parse()
+            with self.service.requests_held():
+                direct, self._direct = self._direct, None
+                if direct is not None:
+                    assert nbytes <= self._data_left  # the view handed out was no larger
+                    self._data_left -= nbytes
+                    if not direct.local_closed:
+                        direct.filled_in_place(nbytes)
+                    if self._data_left == 0:
+                        self._data_done()
+                else:
+                    self._end += nbytes
+                    self._parse()
         except ConnectionError_ as exc:
             self._fail(exc.code, exc.debug)
         finally:

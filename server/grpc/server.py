@@ -98,6 +98,7 @@ class GrpcServer:
             restriction.refusal(restrictions) if restrictions else None,
             MAX_MESSAGE_SIZE,
             buffers,
+            dataplane.requests_held,
         )
         self._sockets: list[socket.socket] = []
         self._ssl: ssl.SSLContext | None = None

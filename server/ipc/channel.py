@@ -10,7 +10,11 @@ end with the executor served 1,844-2,070/s against 2,330-2,820/s writing at once
 made with ``gather`` (the executor's) gathers only what tasks send: the answers of one
 dynamic batch all resume in the same pass of the loop, and go out in one write at its end
 instead of one each. Under load the reader still takes many messages per wake-up: they pile
-up while it works. The first message of a connection travels with an fd (``SCM_RIGHTS``),
+up while it works. A front end also holds what it sends while it parses one read of a gRPC
+client (``hold``): the requests that arrived together reach the executor's batcher together,
+in one write. For mlp over gRPC at c=32 that cut the front ends' writes to the executor from
+1.0 to 0.2 per request and grew the mean batch from 5 to 7 (the reasoning above holds for
+what several reads send: one read is the unit). The first message of a connection travels with an fd (``SCM_RIGHTS``),
 exchanged on the blocking socket before the channel takes it over.
 """
 
@@ -78,6 +82,7 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         self._transport: asyncio.Transport | None = None
         self._queued: list[bytes] = []  # sent before the transport existed
         self._gathered: list[bytes] = []  # frames sent by tasks in this pass of the loop
+        self._holds = 0  # open ``hold`` calls: what is sent is gathered until the last ends
         self._loop = asyncio.get_running_loop()
         self.closed = False
 
@@ -101,13 +106,23 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
             self._queued.append(body)
             return
         frame = _LENGTH.pack(len(body)) + body
-        if self._gathered:
+        if self._gathered or self._holds:
             self._gathered.append(frame)
         elif self._gather and asyncio.current_task() is not None:
             self._gathered.append(frame)
             self._loop.call_soon(self._flush)
         else:
             self._transport.write(frame)
+
+    def hold(self) -> None:
+        """Gather what is sent from now until the matching ``release``."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """End a ``hold``; the last one writes what was gathered, in one write."""
+        self._holds -= 1
+        if not self._holds:
+            self._flush()
 
     def _flush(self) -> None:
         gathered, self._gathered = self._gathered, []

@@ -11,11 +11,12 @@ with UNAVAILABLE at once and the front end stops being ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -243,6 +244,19 @@ class ExecutorClient:
 
     async def shm_unregister(self, kind: str, name: str) -> None:
         await self._call("shm_unregister", kind, name)
+
+    @contextlib.contextmanager
+    def requests_held(self) -> Iterator[None]:
+        """Requests started inside reach the executor together, in one write, at its end."""
+        channel = self._channel
+        if channel is None:
+            yield
+            return
+        channel.hold()
+        try:
+            yield
+        finally:
+            channel.release()
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run ``request`` in the executor. Blocks this sends copies into the arena are freed

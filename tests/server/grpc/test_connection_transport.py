@@ -4,9 +4,11 @@ it closes, how much it holds back while parsing, and what it gathers into one wr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import os
 import struct
+from collections.abc import Iterator
 
 import hpack
 import pytest
@@ -239,3 +241,36 @@ def test_answers_resumed_in_one_pass_of_the_loop_go_out_in_one_write() -> None:
 
     asyncio.run(main())
 
+
+def test_the_requests_of_one_read_start_while_the_service_holds_them() -> None:
+    """Every call parsed from one read starts inside one ``requests_held`` (a front end
+    then sends them to the executor together); the next read is held afresh."""
+
+    async def main() -> None:
+        held: list[str] = []
+        started: list[tuple[int, list[str]]] = []
+
+        @contextlib.contextmanager
+        def requests_held() -> Iterator[None]:
+            held.append("hold")
+            yield
+            held.append("release")
+
+        async def record(request: bytes, context: CallContext) -> bytes:
+            started.append((int(request), list(held)))
+            return request
+
+        service = GrpcService({"/t/record": Method(record)}, GrpcKeepalive(),
+                              requests_held=requests_held)
+        connection = Http2Connection(service, ("127.0.0.1", 1))
+        connection.connection_made(FakeTransport())  # type: ignore[arg-type]
+        _feed(connection, frames.PREFACE + frames.settings({}))
+        held.clear()
+        _feed(connection, _unary_call(1, "/t/record", b"1") + _unary_call(3, "/t/record", b"3"))
+        _feed(connection, _unary_call(5, "/t/record", b"5"))
+        await asyncio.sleep(0.01)
+        assert started == [(1, ["hold"]), (3, ["hold"]), (5, ["hold", "release", "hold"])]
+        assert held == ["hold", "release", "hold", "release"]
+        connection.connection_lost(None)
+
+    asyncio.run(main())

@@ -1,6 +1,7 @@
 """Channel: a message that arrives as the channel attaches can be answered through it, and
 what is sent before the transport exists goes out once it does; a gathering channel writes
-what tasks send in one pass of the loop at once, and what callbacks send at once."""
+what tasks send in one pass of the loop at once, and what callbacks send at once; what is
+sent while held goes out in one write when the last hold ends."""
 
 from __future__ import annotations
 
@@ -148,3 +149,28 @@ def test_gathered_messages_go_out_before_the_channel_closes() -> None:
 
     transport = asyncio.run(scenario())
     assert transport.writes == [_frame(5)] and transport.closed
+
+
+def test_what_is_sent_while_held_goes_out_in_one_write_when_the_last_hold_ends() -> None:
+    async def scenario() -> list[list[bytes]]:
+        channel, transport = _attached(gather=False)
+        seen = []
+        channel.hold()
+        channel.send(1)
+        channel.hold()  # (nested)
+        channel.send(2)
+        channel.release()
+        seen.append(list(transport.writes))
+        channel.send(3)
+        channel.release()
+        seen.append(list(transport.writes))
+        channel.hold()
+        channel.release()  # nothing held: nothing written
+        channel.send(4)  # not held: at once
+        seen.append(list(transport.writes))
+        return seen
+
+    inner, outer, after = asyncio.run(scenario())
+    assert inner == []
+    assert outer == [_frame(1) + _frame(2) + _frame(3)]
+    assert after == [*outer, _frame(4)]

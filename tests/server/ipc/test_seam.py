@@ -120,6 +120,22 @@ def test_small_request_is_answered_as_in_process(models: Path) -> None:
     run(models, body)
 
 
+def test_requests_held_reach_the_executor_together_when_the_hold_ends(models: Path) -> None:
+    async def body(seam: Seam) -> None:
+        with seam.client.requests_held():
+            tasks = [asyncio.create_task(seam.client.infer(add_sub_request(request_id=str(i))))
+                     for i in range(3)]
+            await asyncio.sleep(0.05)
+            assert not any(task.done() for task in tasks)  # nothing was sent yet
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        expected = (await seam.dataplane.infer(add_sub_request())).outputs
+        for index, answer in enumerate(answers):
+            assert answer.id == str(index)
+            for a, b in zip(expected, answer.outputs, strict=True):
+                assert a.name == b.name and np.array_equal(a.data, b.data)
+    run(models, body)
+
+
 def test_large_tensors_travel_through_the_arenas_and_are_freed(models: Path) -> None:
     async def body(seam: Seam) -> None:
         # 2 MiB: over OFF_LOOP_BYTES, so both copies into the arenas run on threads.
