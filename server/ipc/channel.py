@@ -1,21 +1,26 @@
 """A framed message channel over a connected AF_UNIX stream socket.
 
 Frames are a 4-byte little-endian length and a msgpack body. Reads land in one preallocated
-buffer (``BufferedProtocol``: no ``bytes`` per read). A message sent from a protocol callback
-(the executor answering a small request inline, as it reads it) is written at once. Gathering
-every message until the end of the loop iteration saved write calls, but made the two
-processes take turns (the executor ran all 8 requests in flight before the front end saw the
-first answer, then the front end wrote all 8 before the executor saw new work), and one front
-end with the executor served 1,844-2,070/s against 2,330-2,820/s writing at once. A channel
-made with ``gather`` (the executor's) gathers only what tasks send: the answers of one
-dynamic batch all resume in the same pass of the loop, and go out in one write at its end
-instead of one each. Under load the reader still takes many messages per wake-up: they pile
-up while it works. A front end also holds what it sends while it parses one read of a gRPC
-client (``hold``): the requests that arrived together reach the executor's batcher together,
-in one write. For mlp over gRPC at c=32 that cut the front ends' writes to the executor from
-1.0 to 0.2 per request and grew the mean batch from 5 to 7 (the reasoning above holds for
-what several reads send: one read is the unit). The first message of a connection travels with an fd (``SCM_RIGHTS``),
-exchanged on the blocking socket before the channel takes it over.
+buffer (``BufferedProtocol``: no ``bytes`` per read).
+
+When messages are written decides how the processes share the cores. Gathering every message
+until the end of the loop's pass saved write calls, but made the two processes take turns (the
+executor ran all 8 requests in flight before the front end saw the first answer, then the
+front end wrote all 8 before the executor saw new work): one front end with the executor
+served 1,844-2,070/s against 2,330-2,820/s writing at once. One read is the unit instead:
+what is sent while the messages of one read are handled, or while a front end parses one
+read of a gRPC client (``hold``), goes out in one write when that read is done. A channel
+made with ``gather`` (the executor's) holds each of its reads, so the answers of the
+requests it answered inline as it read them are one write, and also gathers what tasks send
+in one pass of the loop: the answers of one dynamic batch resume together. A front end holds
+the parsing of each gRPC read (``Plane.requests_held``), so requests that arrived together
+reach the batcher together. Measured under perf_analyzer with 2 front ends: for mlp over gRPC
+at c=32, holding the front end's gRPC reads cut its writes to the executor from 1.0 to 0.2
+per request and grew the mean batch from 5 to 7; for simple over gRPC at c=8, holding the
+executor's reads served 5,853/s against 5,468/s (medians of 5), HTTP unchanged.
+
+The first message of a connection travels with an fd (``SCM_RIGHTS``), exchanged on the
+blocking socket before the channel takes it over.
 """
 
 from __future__ import annotations
@@ -69,8 +74,9 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         on_lost: Callable[[], None],
         gather: bool = False,
     ) -> None:
-        """``gather``: messages sent by tasks are written together at the end of the loop
-        pass (the module docstring says why only by tasks)."""
+        """``gather``: what is sent while one read is handled is written together at its
+        end, and what tasks send together at the end of the loop's pass (the executor's
+        channel; the module docstring says why)."""
         self._decoder = decoder
         self._gather = gather
         self._on_message = on_message
@@ -152,6 +158,8 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         self._filled += nbytes
         start = 0
         view = self._view
+        if self._gather:
+            self.hold()
         try:
             while self._filled - start >= _LENGTH.size:
                 (length,) = _LENGTH.unpack_from(view, start)
@@ -174,6 +182,9 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
             if self._transport is not None:
                 self._transport.close()
             return
+        finally:
+            if self._gather:
+                self.release()
         self._compact(start)
 
     def _compact(self, start: int) -> None:

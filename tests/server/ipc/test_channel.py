@@ -1,7 +1,8 @@
 """Channel: a message that arrives as the channel attaches can be answered through it, and
 what is sent before the transport exists goes out once it does; a gathering channel writes
-what tasks send in one pass of the loop at once, and what callbacks send at once; what is
-sent while held goes out in one write when the last hold ends."""
+what tasks send in one pass of the loop at once, what it answers while it handles one read
+at once, and what other callbacks send at once; what is sent while held goes out in one
+write when the last hold ends."""
 
 from __future__ import annotations
 
@@ -174,3 +175,26 @@ def test_what_is_sent_while_held_goes_out_in_one_write_when_the_last_hold_ends()
     assert inner == []
     assert outer == [_frame(1) + _frame(2) + _frame(3)]
     assert after == [*outer, _frame(4)]
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_the_answers_to_one_read_are_one_write_when_gathering(gather: bool) -> None:
+    async def scenario() -> list[bytes]:
+        transport = _Recorder()
+        channel: Channel[int] = Channel(
+            msgspec.msgpack.Decoder(int), lambda value: channel.send(value + 1), lambda: None,
+            gather=gather,
+        )
+        channel.connection_made(transport)
+        data = _frame(1) + _frame(2) + _frame(3)
+
+        def read() -> None:  # three requests in one read, answered inline (no task)
+            channel.get_buffer(-1)[: len(data)] = data
+            channel.buffer_updated(len(data))
+
+        asyncio.get_running_loop().call_soon(read)
+        await asyncio.sleep(0)
+        return transport.writes
+
+    answers = [_frame(2), _frame(3), _frame(4)]
+    assert asyncio.run(scenario()) == ([b"".join(answers)] if gather else answers)
