@@ -17,7 +17,10 @@ on ÷ off per server, and CPU µs per request per process: CPU time (psutil, use
 each perf_analyzer run divided by the requests the server's statistics counted in that run.
 tensorgate's processes are grouped by role (supervisor, executor, front ends; in one-process
 mode the single process), Triton's as ``tritonserver`` and its python backend stubs, and
-perf_analyzer's own CPU comes from its rusage. A second table starts tensorgate afresh with
+perf_analyzer's own CPU comes from its rusage. "Cores busy" is the CPU seconds of the server
+and perf_analyzer together over the wall seconds of the run: below the machine's cores, a core
+idled while requests waited elsewhere (a process queue, a run queue), so throughput is
+bounded by that as well as by the CPU per request. A second table starts tensorgate afresh with
 ``--frontends`` 0, 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
 
     python scripts/bench_vs_triton.py [--rows simple-http,mlp-on,...] [--repeat 3]
@@ -403,12 +406,19 @@ class Measurement:
     mean_batch: float = float("nan")  # inferences ÷ executions over the run
     cpu_s: dict[str, float] = field(default_factory=dict)  # role -> CPU seconds over the run
     processes: dict[str, int] = field(default_factory=dict)  # role -> how many
+    wall_s: float = float("nan")  # over which cpu_s was spent
     error: str | None = None
 
     def cpu_us_per_request(self, role: str) -> float:
         if not self.requests or role not in self.cpu_s:
             return float("nan")
         return self.cpu_s[role] / self.requests * 1e6
+
+    def cores_busy(self) -> float:
+        """The cores the server and perf_analyzer kept busy together, on average."""
+        if not self.cpu_s or not self.wall_s > 0:
+            return float("nan")
+        return sum(self.cpu_s.values()) / self.wall_s
 
 
 @dataclass(frozen=True)
@@ -475,11 +485,13 @@ def measure(
         stability, trials = (settings.stability, settings.max_trials) if attempt == 0 else (
             1000, 3)
         before_counts = model_counts(server.http_port, row.model)
+        started = time.monotonic()
         before = {p.pid: (role, p, cpu_s(p)) for role, p in server.processes()}
         rc, output, csv_text, pa_cpu = run_perf_analyzer(
             settings, argv, settings.window_ms, stability, trials)
         after = server.processes()
         after_counts = model_counts(server.http_port, row.model)
+        wall_s = time.monotonic() - started
         if csv_text is None and attempt == 0 and "stable measurement" in output:
             continue
         break
@@ -504,6 +516,7 @@ def measure(
         result.processes[role] = result.processes.get(role, 0) + 1
     result.cpu_s["perf_analyzer"] = pa_cpu
     result.processes["perf_analyzer"] = 1
+    result.wall_s = wall_s
     return result
 
 
@@ -639,10 +652,11 @@ def ratio_cell(value: float) -> str:
     return "n/a" if math.isnan(value) else fmt_ratio(value)
 
 
-def cpu_cells(values: Sequence[Measurement]) -> tuple[str, str, str]:
-    """Server total, per role, perf_analyzer: median CPU µs per request."""
+def cpu_cells(values: Sequence[Measurement]) -> tuple[str, str, str, str]:
+    """Server total, per role, perf_analyzer: median CPU µs per request; and the median
+    cores busy."""
     if not values or not all(m.requests for m in values):
-        return "n/a", "n/a", "n/a"
+        return "n/a", "n/a", "n/a", "n/a"
     roles = [role for role in values[-1].cpu_s if role != "perf_analyzer"]
     total = median([sum(m.cpu_s.get(r, 0.0) for r in roles) / (m.requests or 1) * 1e6
                     for m in values])
@@ -652,7 +666,8 @@ def cpu_cells(values: Sequence[Measurement]) -> tuple[str, str, str]:
         name = f"{role} ({count})" if count > 1 else role
         parts.append(f"{name} {fmt_number(median([m.cpu_us_per_request(role) for m in values]))}")
     pa = median([m.cpu_us_per_request("perf_analyzer") for m in values])
-    return fmt_number(total), " · ".join(parts), fmt_number(pa)
+    busy = median([m.cores_busy() for m in values])
+    return fmt_number(total), " · ".join(parts), fmt_number(pa), fmt_number(busy)
 
 
 def report(args: argparse.Namespace, results: Results) -> str:
@@ -685,24 +700,26 @@ def report(args: argparse.Namespace, results: Results) -> str:
     cpu_rows = []
     for row in args.rows:
         for server in ("tensorgate", "Triton"):
-            total, parts, pa = cpu_cells(pick(results.main, server, row.key))
-            cpu_rows.append([row.title, server, total, parts, pa])
+            total, parts, pa, busy = cpu_cells(pick(results.main, server, row.key))
+            cpu_rows.append([row.title, server, total, parts, pa, busy])
     out.append("\n### CPU µs per request (psutil user+system over each perf_analyzer run ÷ "
-               "requests the server counted; medians)\n")
-    out.append(markdown_table(["row", "server", "server total", "by process", "perf_analyzer"],
-                              cpu_rows))
+               "requests the server counted; medians), and the cores server and "
+               f"perf_analyzer kept busy together (of {len(os.sched_getaffinity(0))})\n")
+    out.append(markdown_table(["row", "server", "server total", "by process", "perf_analyzer",
+                               "cores busy"], cpu_rows))
     if args.frontends_sweep == "on":
         out.append(f"\n### --frontends sweep: {SWEEP_ROW.title} (each a fresh tensorgate)\n")
         triton = pick(results.sweep, "Triton", SWEEP_ROW.key)
         sweep_rows = []
         for label in [f"--frontends={n}" for n in args.sweep_values] + ["Triton"]:
             values = pick(results.sweep, label, SWEEP_ROW.key)
-            total, parts, pa = cpu_cells(values)
+            total, parts, pa, busy = cpu_cells(values)
             sweep_rows.append([label, rate_cell(values), ratio_cell(
-                ratio(rate(values), rate(triton))), latency_cell(values), total, parts, pa])
+                ratio(rate(values), rate(triton))), latency_cell(values), total, parts, pa,
+                busy])
         out.append(markdown_table(
             ["server", "infer/s", "÷ Triton", "p50 / p99 ms", "CPU µs/req", "by process",
-             "perf_analyzer µs/req"], sweep_rows))
+             "perf_analyzer µs/req", "cores busy"], sweep_rows))
     notes = [
         (f"perf_analyzer: time windows of {args.window_ms} ms, stability {args.stability} %, "
          f"at most {args.max_trials} windows; † = did not stabilise, rerun over exactly 3 "
