@@ -9,6 +9,7 @@ ready. A child's main, first thing:
     info = child_info()          # None: not started by a supervisor
     die_with_parent()            # gone with the supervisor, whatever kills it
     ignore_interrupts()          # Ctrl-C reaches the supervisor, which stops children in order
+    use_batch_policy()           # a process it wakes does not preempt it (``cpu_policy``)
     ...                          # load models / start serving
     report_ready(info)
 
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from server import logs
 from server.cli import parse_settings
+from server.processes.cpu_policy import use_batch_policy
 from server.settings import Settings
 
 ENV = "TENSORGATE_CHILD"
@@ -146,7 +148,8 @@ _reported: set[int] = set()
 
 def begin(role: str, argv: Sequence[str]) -> tuple[ChildInfo, Settings]:
     """What every child does first: check it was started as ``role`` by a supervisor (else
-    exit 2), die with it, leave Ctrl-C to it, and read the same flags it was given."""
+    exit 2), die with it, leave Ctrl-C to it, read the same flags it was given, and take the
+    batch CPU policy (before its threads start, so that they inherit it)."""
     info = child_info()
     if info is None or info.role != role:
         print(f"the {role} process is started by the tensorgate supervisor", file=sys.stderr)
@@ -155,4 +158,5 @@ def begin(role: str, argv: Sequence[str]) -> tuple[ChildInfo, Settings]:
     ignore_interrupts()
     settings = parse_settings(argv)
     logs.configure(settings)
+    use_batch_policy()
     return info, settings

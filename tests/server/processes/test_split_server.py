@@ -1,7 +1,8 @@
 """The real split server (supervisor, executor, two front ends) under load: one table of
 statistics whichever front end took a request; a front end killed with SIGKILL under HTTP
 and gRPC load is replaced and no client hangs; the executor killed with SIGKILL fails every pending request at once and
-the server exits 1 with no process left; front ends never import ONNX Runtime or CuPy."""
+the server exits 1 with no process left; front ends never import ONNX Runtime or CuPy; the
+children run the batch CPU policy."""
 
 from __future__ import annotations
 
@@ -219,6 +220,19 @@ def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> N
         assert "onnxruntime" not in maps and "cupy" not in maps and "cygrpc" not in maps
     (executor,) = _children(server, "executor")
     assert "onnxruntime" in Path(f"/proc/{executor.pid}/maps").read_text()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's SCHED_BATCH policy")
+def test_every_thread_of_the_children_runs_the_batch_policy(server: ServerProcess) -> None:
+    """Also the threads started after the policy was taken (ONNX Runtime's, the loop's
+    helpers), which inherit it: a woken process never preempts the one that woke it."""
+    children = _children(server, "executor") + _children(server, "frontend")
+    assert len(children) == 1 + FRONTENDS
+    for process in children:
+        threads = [t.id for t in process.threads()]
+        policies = {os.sched_getscheduler(tid) for tid in threads}
+        assert policies == {os.SCHED_BATCH}, (process.pid, len(threads), policies)
+    assert os.sched_getscheduler(server.proc.pid) == os.SCHED_OTHER  # (it serves nothing)
 
 
 def test_a_front_end_killed_under_load_is_replaced_and_no_client_hangs(

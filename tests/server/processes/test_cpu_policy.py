@@ -1,0 +1,60 @@
+"""``use_batch_policy``: every thread of the process, those already running and those started
+after, ends up under SCHED_BATCH (checked in a fresh interpreter: the test process keeps its
+policy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from server.processes import cpu_policy
+from tests.server_process import ROOT
+
+_PROBE = """
+import json, os, threading
+from server.processes.cpu_policy import use_batch_policy
+release = threading.Event()
+before = threading.Thread(target=release.wait)
+before.start()
+taken = use_batch_policy()
+seen = {}
+after = threading.Thread(target=lambda: seen.update(after=os.sched_getscheduler(0)))
+after.start()
+after.join()
+seen["main"] = os.sched_getscheduler(0)
+seen["before"] = os.sched_getscheduler(before.native_id)
+release.set()
+before.join()
+print(json.dumps({"taken": taken, **seen}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's SCHED_BATCH policy")
+def test_threads_before_and_after_take_the_batch_policy() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=True,
+    )
+    seen = json.loads(result.stdout)
+    batch = os.SCHED_BATCH
+    assert seen == {"taken": True, "main": batch, "before": batch, "after": batch}
+
+
+def test_without_the_policy_the_process_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "SCHED_BATCH", raising=False)
+    assert cpu_policy.use_batch_policy() is False
+
+
+def test_a_refused_call_leaves_the_policy_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    before = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    assert cpu_policy.use_batch_policy() is False
+    if before is not None:
+        assert os.sched_getscheduler(0) == before
