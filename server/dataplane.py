@@ -113,6 +113,7 @@ class DataPlane:
         self._repository = repository
         self._live = False
         self.gate = RequestGate()
+        self.remote = False  # (``Plane.remote``)
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm, pool)
         size = settings.response_cache_byte_size
         self.response_cache = response_cache.ResponseCache(size) if size else None

@@ -21,6 +21,9 @@ class Plane(Protocol):
     """What HTTP and gRPC need from the server behind them."""
 
     gate: RequestGate
+    #: ``infer`` hands each request to another process (a front end's plane, the executor's
+    #: client) rather than running it here.
+    remote: bool
 
     def live(self) -> bool: ...
 

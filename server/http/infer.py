@@ -9,9 +9,9 @@ access log lines; every other route (and every other method on this one) is left
 Tornado application (``server.http.server``).
 
 ``headers_received`` sizes a pooled buffer from the headers (refusing oversize bodies before
-reading them), ``data_received`` copies each chunk into it, ``finish`` starts the one task per
-request that decodes, runs and writes the response. Binary outputs are written as memoryviews
-after the JSON header, never joined.
+reading them), ``data_received`` copies each chunk into it, ``finish`` starts what decodes,
+runs and writes the response: a task in one process, at once in a front end (``finish`` says
+why). Binary outputs are written as memoryviews after the JSON header, never joined.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import orjson
 from tornado import httputil
 from tornado.log import access_log, gen_log
 
-from server import compression
+from server import compression, eager
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
 from server.http import body as http_body
 from server.http.base import log
@@ -201,10 +201,22 @@ class InferExchange(httputil.HTTPMessageDelegate):
         if self._drained_refusal:  # answered in headers_received; the body has been dropped
             self._end()
         elif self._receiver is not None:
-            self._task = asyncio.get_running_loop().create_task(self._serve())
+            if self._service.dataplane.remote:
+                # A front end: the request leaves for the executor now, within this read
+                # (it then waits for the answer, in a task). In one process the task runs
+                # it after the loop's other reads, and the answers of one pass go out
+                # together: started here, each answer woke the client on its own, and one
+                # process served 15% fewer requests at 25 µs more CPU each.
+                task = eager.start(self._serve())
+            else:
+                task = asyncio.get_running_loop().create_task(self._serve())
+            if task is None:  # answered within this step (a refused request)
+                self._release()
+                return
+            self._task = task
             # When the task is done, whether it ran or was cancelled before it started: only
             # then does nothing use the body (threads it waited for are done too).
-            self._task.add_done_callback(lambda _: self._release())
+            task.add_done_callback(lambda _: self._release())
 
     def on_connection_close(self) -> None:
         """The client went away: drop its request (a queued one never runs). The buffer is

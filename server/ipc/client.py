@@ -54,6 +54,7 @@ class ExecutorClient:
     def __init__(self, outbox: Outbox, free: Callable[[int], None]) -> None:
         """``outbox`` is this front end's arena; ``free(offset)`` returns one of its blocks."""
         self.gate = RequestGate()
+        self.remote = True  # (``Plane.remote``)
         self._outbox = outbox
         self._free = free
         self._channel: Channel[m.ToFrontEnd] | None = None

@@ -46,10 +46,12 @@ DATA = struct.pack("<4i", 1, 2, 3, 4)
 
 
 class FakePlane:
-    """Serves model ``echo`` (its input back as ``OUT``); ``hold`` keeps requests running."""
+    """Serves model ``echo`` (its input back as ``OUT``); ``hold`` keeps requests running;
+    ``remote`` stands for a front end's plane."""
 
-    def __init__(self) -> None:
+    def __init__(self, remote: bool = False) -> None:
         self.gate = RequestGate()
+        self.remote = remote
         self.hold = False
         self.release = asyncio.Event()
         self.started = asyncio.Event()
@@ -239,6 +241,8 @@ class _Connection:
 
     def __init__(self) -> None:
         self.close_callback: Callable[[], None] | None = None
+        self.answers: list[tuple[int, bytes]] = []
+        self.finished = False
 
     def set_close_callback(self, callback: Callable[[], None] | None) -> None:
         self.close_callback = callback
@@ -252,23 +256,34 @@ class _Connection:
     def write_headers(self, *args: Any) -> None:
         raise AssertionError("nobody is left to answer")
 
+    def write_answer(self, code: int, reason: str, fields: object, body: bytes) -> None:
+        self.answers.append((code, body))
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+def _received(plane: FakePlane, pool: HostBufferPool, connection: _Connection) -> InferExchange:
+    """An exchange that has had a whole infer request, up to ``finish`` (not called)."""
+    service = InferService(cast(Plane, plane), Settings(), pool)
+    head, _, body = infer_request().partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    start_line = httputil.parse_request_start_line(lines[0])
+    headers = httputil.HTTPHeaders.parse("\r\n".join(lines[1:]))
+    path = INFER_PATH.match(start_line.path)
+    assert path is not None
+    exchange = InferExchange(service, cast(Exchange, connection), path)
+    exchange.headers_received(start_line, headers)
+    exchange.data_received(body)
+    return exchange
+
 
 def test_a_client_gone_before_its_task_starts_frees_the_body_and_nothing_runs() -> None:
     async def scenario() -> None:
         plane = FakePlane()
         pool = HostBufferPool(pinned_limit=0)
-        service = InferService(cast(Plane, plane), Settings(), pool)
-        request = infer_request()
-        head, _, body = request.partition(b"\r\n\r\n")
-        lines = head.decode().split("\r\n")
-        start_line = httputil.parse_request_start_line(lines[0])
-        headers = httputil.HTTPHeaders.parse("\r\n".join(lines[1:]))
-        path = INFER_PATH.match(start_line.path)
-        assert path is not None
         connection = _Connection()
-        exchange = InferExchange(service, cast(Exchange, connection), path)
-        exchange.headers_received(start_line, headers)
-        exchange.data_received(body)
+        exchange = _received(plane, pool, connection)
         exchange.finish()  # the task is created, not yet started
         assert pool.bytes_in_use > 0
         assert connection.close_callback is not None
@@ -277,6 +292,43 @@ def test_a_client_gone_before_its_task_starts_frees_the_body_and_nothing_runs() 
             await asyncio.sleep(0)
         assert pool.bytes_in_use == 0  # freed once the cancelled task is done
         assert not plane.started.is_set()
+
+    event_loop.run(scenario())
+
+
+def test_in_a_front_end_the_request_leaves_within_finish_and_a_gone_client_cancels_it() -> None:
+    """A front end's plane gets the request before ``finish`` returns (within the read that
+    completed it); the body stays held while the request waits for its answer, and is freed
+    once the client's going away has cancelled it."""
+    async def scenario() -> None:
+        plane = FakePlane(remote=True)
+        plane.hold = True
+        pool = HostBufferPool(pinned_limit=0)
+        connection = _Connection()
+        exchange = _received(plane, pool, connection)
+        exchange.finish()
+        assert plane.started.is_set()
+        await asyncio.sleep(0)
+        assert pool.bytes_in_use > 0 and not plane.cancelled.is_set()
+        assert connection.close_callback is not None
+        connection.close_callback()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert plane.cancelled.is_set() and pool.bytes_in_use == 0
+
+    event_loop.run(scenario())
+
+
+def test_in_a_front_end_a_request_refused_within_finish_frees_its_body() -> None:
+    async def scenario() -> None:
+        plane = FakePlane(remote=True)
+        plane.gate.close()
+        pool = HostBufferPool(pinned_limit=0)
+        connection = _Connection()
+        exchange = _received(plane, pool, connection)
+        exchange.finish()  # answered 503 within this call: no task
+        assert pool.bytes_in_use == 0 and connection.finished
+        assert [code for code, _ in connection.answers] == [503]
 
     event_loop.run(scenario())
 
