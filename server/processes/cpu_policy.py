@@ -15,7 +15,9 @@ gRPC at c=32 8,281 → 8,196/s (medians of 3: unchanged). The one-process layout
 nothing (6,389 → 6,481/s) and keeps the default policy.
 
 Switching to ``SCHED_BATCH`` needs no privilege. Where the platform has no such policy or a
-sandbox forbids the call, the process goes on under its policy as it is.
+sandbox forbids the call, the process goes on under its policy as it is; so does a process
+started under a policy other than the default (``chrt``, a container runtime's setting), which
+somebody chose on purpose.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ _TASKS = "/proc/self/task"
 
 def use_batch_policy() -> bool:
     """Put every thread of this process under ``SCHED_BATCH`` (threads started later inherit
-    it from their creator); False where that is not possible here."""
+    it from their creator); False where that is not possible here, or the process was started
+    under another policy than the default."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None or not os.path.isdir(_TASKS):
+        return False
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:  # chosen for the server: kept
         return False
     try:
         for task in os.listdir(_TASKS):

@@ -1,6 +1,6 @@
 """``use_batch_policy``: every thread of the process, those already running and those started
 after, ends up under SCHED_BATCH (checked in a fresh interpreter: the test process keeps its
-policy)."""
+policy); a policy the process was started under on purpose is kept."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.server_process import ROOT
 _PROBE = """
 import json, os, threading
 from server.processes.cpu_policy import use_batch_policy
+os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # started under the default
 release = threading.Event()
 before = threading.Thread(target=release.wait)
 before.start()
@@ -58,3 +59,19 @@ def test_a_refused_call_leaves_the_policy_as_it_is(monkeypatch: pytest.MonkeyPat
     assert cpu_policy.use_batch_policy() is False
     if before is not None:
         assert os.sched_getscheduler(0) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's SCHED_BATCH policy")
+def test_a_policy_chosen_for_the_server_is_kept() -> None:
+    """Started under SCHED_IDLE (as ``chrt --idle 0`` would), the process stays there."""
+    probe = (
+        "import os\n"
+        "from server.processes.cpu_policy import use_batch_policy\n"
+        "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+        "print(use_batch_policy(), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["False", "True"]

@@ -226,6 +226,8 @@ def test_front_ends_never_import_onnxruntime_or_cupy(server: ServerProcess) -> N
 def test_every_thread_of_the_children_runs_the_batch_policy(server: ServerProcess) -> None:
     """Also the threads started after the policy was taken (ONNX Runtime's, the loop's
     helpers), which inherit it: a woken process never preempts the one that woke it."""
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        pytest.skip("these tests run under a chosen CPU policy, which the server keeps")
     children = _children(server, "executor") + _children(server, "frontend")
     assert len(children) == 1 + FRONTENDS
     for process in children:
