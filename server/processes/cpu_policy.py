@@ -37,9 +37,9 @@ def use_batch_policy() -> bool:
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None or not os.path.isdir(_TASKS):
         return False
-    if os.sched_getscheduler(0) != os.SCHED_OTHER:  # chosen for the server: kept
-        return False
     try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:  # chosen for the server: kept
+            return False
         for task in os.listdir(_TASKS):
             try:
                 os.sched_setscheduler(int(task), policy, os.sched_param(0))

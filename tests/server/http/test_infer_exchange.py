@@ -118,8 +118,8 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[Served]:
-    plane = FakePlane()
+async def serving(settings: Settings, remote: bool = False) -> AsyncIterator[Served]:
+    plane = FakePlane(remote)
     pool = HostBufferPool(pinned_limit=0)
     server = http_service(
         Routes(cast(Plane, plane), settings, pool),
@@ -133,9 +133,13 @@ async def serving(settings: Settings) -> AsyncIterator[Served]:
         await server.close_all_connections()
 
 
-def run(scenario: Callable[[Served], Awaitable[None]], settings: Settings | None = None) -> None:
+def run(
+    scenario: Callable[[Served], Awaitable[None]],
+    settings: Settings | None = None,
+    remote: bool = False,
+) -> None:
     async def main() -> None:
-        async with serving(settings or Settings()) as served:
+        async with serving(settings or Settings(), remote) as served:
             await scenario(served)
 
     event_loop.run(main())
@@ -188,6 +192,29 @@ def test_other_methods_on_the_infer_route_are_the_application_s_405() -> None:
         await serves_a_good_request(served)
 
     run(scenario)
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["one process", "front end"])
+def test_pipelined_requests_with_a_refused_one_are_answered_in_order(remote: bool) -> None:
+    """Three requests in one write, the middle one for an unknown model: in a front end each
+    is answered within the read that completed it, the refused one too, and the connection
+    goes on serving the ones after it."""
+    async def scenario(served: Served) -> None:
+        reader, writer = await served.connect()
+        writer.write(
+            infer_request() + infer_request("/v2/models/nobody/infer") + infer_request()
+        )
+        answers = [await read_answer(reader) for _ in range(3)]
+        assert [status for status, _, _ in answers] == [200, 404, 200], answers
+        assert json.loads(answers[1][2]) == {
+            "error": "Request for unknown model: 'nobody' is not found"
+        }
+        assert answers[0][2].endswith(DATA) and answers[2][2].endswith(DATA)
+        assert served.pool.bytes_in_use == 0
+        writer.close()
+        await serves_a_good_request(served)
+
+    run(scenario, remote=remote)
 
 
 def test_a_client_gone_while_its_request_runs_cancels_it_and_frees_its_body() -> None:

@@ -50,13 +50,18 @@ def test_without_the_policy_the_process_goes_on(monkeypatch: pytest.MonkeyPatch)
     assert cpu_policy.use_batch_policy() is False
 
 
-def test_a_refused_call_leaves_the_policy_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("call", ["sched_setscheduler", "sched_getscheduler"])
+def test_a_refused_call_leaves_the_policy_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A sandbox that refuses reading or setting the policy does not stop the process."""
     def refuse(*_args: object) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(os, "sched_setscheduler", refuse)
     before = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    monkeypatch.setattr(os, call, refuse, raising=False)
     assert cpu_policy.use_batch_policy() is False
+    monkeypatch.undo()
     if before is not None:
         assert os.sched_getscheduler(0) == before
 
