@@ -398,7 +398,7 @@ def ort_baseline(
 ) -> tuple[Sample, dict[str, npt.NDArray[Any]]]:
     """Time ``InferenceSession.run`` in this process, one intra-op thread like the server's:
     the cost of the model itself, which serving adds to."""
-    import onnxruntime as ort  # type: ignore[import-untyped]  # after the caller pinned threads
+    import onnxruntime as ort  # after the caller pinned threads
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
