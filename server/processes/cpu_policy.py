@@ -35,7 +35,7 @@ def use_batch_policy() -> bool:
     it from their creator); False where that is not possible here, or the process was started
     under another policy than the default."""
     policy = getattr(os, "SCHED_BATCH", None)
-    if policy is None or not os.path.isdir(_TASKS):
+    if policy is None:
         return False
     try:
         if os.sched_getscheduler(0) != os.SCHED_OTHER:  # chosen for the server: kept

@@ -196,9 +196,9 @@ def test_other_methods_on_the_infer_route_are_the_application_s_405() -> None:
 
 @pytest.mark.parametrize("remote", [False, True], ids=["one process", "front end"])
 def test_pipelined_requests_with_a_refused_one_are_answered_in_order(remote: bool) -> None:
-    """Three requests in one write, the middle one for an unknown model: in a front end each
-    is answered within the read that completed it, the refused one too, and the connection
-    goes on serving the ones after it."""
+    """Three requests in one write, the middle one for an unknown model: each is answered, in
+    order, the refused one with its error; no body stays held, and the connection goes on
+    serving (in a front end each request leaves within the read, ``finish``)."""
     async def scenario(served: Served) -> None:
         reader, writer = await served.connect()
         writer.write(
@@ -360,7 +360,9 @@ def test_in_a_front_end_a_request_refused_within_finish_frees_its_body() -> None
     event_loop.run(scenario())
 
 
-def test_a_closed_gate_answers_503_after_reading_the_body() -> None:
+@pytest.mark.parametrize("remote", [False, True], ids=["one process", "front end"])
+def test_a_closed_gate_answers_503_after_reading_the_body(remote: bool) -> None:
+    """In a front end the refusal is written within ``finish`` (no task), the same way."""
     async def scenario(served: Served) -> None:
         served.plane.gate.close()
         reader, writer = await served.connect()
@@ -372,7 +374,7 @@ def test_a_closed_gate_answers_503_after_reading_the_body() -> None:
         assert served.pool.bytes_in_use == 0
         writer.close()
 
-    run(scenario)
+    run(scenario, remote=remote)
 
 
 def test_a_fault_behind_the_plane_is_500_and_logged(caplog: pytest.LogCaptureFixture) -> None:

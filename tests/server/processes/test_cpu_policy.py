@@ -34,13 +34,18 @@ print(json.dumps({"taken": taken, **seen}))
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's SCHED_BATCH policy")
-def test_threads_before_and_after_take_the_batch_policy() -> None:
+def _probe(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter (whose policy it may change)."""
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
         check=True,
     )
-    seen = json.loads(result.stdout)
+    return result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's SCHED_BATCH policy")
+def test_threads_before_and_after_take_the_batch_policy() -> None:
+    seen = json.loads(_probe(_PROBE))
     batch = os.SCHED_BATCH
     assert seen == {"taken": True, "main": batch, "before": batch, "after": batch}
 
@@ -75,8 +80,4 @@ def test_a_policy_chosen_for_the_server_is_kept() -> None:
         "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
         "print(use_batch_policy(), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        check=True,
-    )
-    assert result.stdout.split() == ["False", "True"]
+    assert _probe(probe).split() == ["False", "True"]
