@@ -1,0 +1,350 @@
+"""Benchmark the executor's side of the seam in one process, beside the floor under it.
+
+Issue 15 gives the executor 30 µs of CPU per unbatched small request. ``bench_vs_triton.py``
+measures it under perf_analyzer, where the figure moves with everything else sharing the cores.
+This benchmark holds the rest still. A driver in this process pipelines pre-encoded ``Infer``
+messages for the example ``simple`` model (INT32 [1,16] twice, inline) over a real Unix socket to
+a real ``ExecutorService`` (repository, ``DataPlane``, ONNX Runtime on one intra-op thread), and
+counts the ``Done`` answers. The floor is the same driver against a bare server on the same kind
+of socket and ``Channel``. That server decodes each message, runs the same ONNX Runtime session on
+the inline bytes and sends back a ``Done``, which any executor has to do. The difference between
+the two is what the executor's layers add: validation, scheduling, statistics, arenas.
+
+Two cells, each timed ``--repeat`` times, each server in turn:
+
+- ``pipelined``: ``--depth`` requests in flight, each answer followed at once by the next
+  request, so the process never waits and its caches stay warm;
+- ``after idle``: one request at a time, each sent ``--gap-us`` after the previous answer. The
+  process blocks between requests, as an executor does at low load. The code is the same; only
+  the block in between differs.
+
+Figures are CPU µs per request of this process (driver included, the same for both servers).
+They are for people, never a CI gate.
+
+    python scripts/bench_executor.py [--repeat 7] [--requests 4000] [--depth 8] [--gap-us 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file: make the `scripts` package importable
+    sys.path.insert(0, str(ROOT))
+
+from scripts.bench_common import PINNED_THREADS, machine_facts, markdown_table
+
+os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their thread pools
+
+import msgspec
+import numpy as np
+import onnxruntime as ort
+
+from backends.onnxruntime.backend import OnnxRuntimeBackend
+from server.dataplane import DataPlane
+from server.ipc import messages as m
+from server.ipc.channel import Channel, receive_hello, send_hello
+from server.ipc.service import ExecutorService
+from server.memory.arena import Arena
+from server.repository.manager import ModelRepository
+from server.settings import Settings
+
+MODEL = "simple"
+EXAMPLE = ROOT / "examples" / "model_repository" / MODEL
+OUTPUTS = ("OUTPUT0", "OUTPUT1")
+ARENA_BYTES = 1 << 20
+BUDGET_US = 30.0  # issue 15: the executor, per unbatched small request
+_LENGTH = struct.Struct("<I")
+_TIMEOUT_S = 120.0
+_DONE_TAG = 10  # ``messages.Done``
+
+
+def infer_frames(count: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """``count`` framed ``Infer`` messages (ids 1..count) and their two inputs."""
+    first = np.arange(16, dtype=np.int32).reshape(1, 16)
+    second = np.full((1, 16), 3, dtype=np.int32)
+    encoder = msgspec.msgpack.Encoder()
+    frames = []
+    for request in range(1, count + 1):
+        body = encoder.encode(m.Infer(
+            request, MODEL, "", None, {},
+            [m.Tensor("INPUT0", "INT32", [1, 16], inline=first.tobytes()),
+             m.Tensor("INPUT1", "INT32", [1, 16], inline=second.tobytes())],
+            None,
+        ))
+        frames.append(_LENGTH.pack(len(body)) + body)
+    return frames, first, second
+
+
+class Driver(asyncio.BufferedProtocol):
+    """Sends the frames, ``depth`` in flight (or one at a time, ``gap_s`` after each answer),
+    and counts the ``Done`` answers by their length prefix and tag (the second byte of a
+    short msgpack array); the first is kept to be checked."""
+
+    def __init__(self, frames: list[bytes], depth: int, gap_s: float) -> None:
+        self._frames = frames
+        self._depth = depth
+        self._gap_s = gap_s
+        self._next = 0
+        self._buffer = bytearray(1 << 20)
+        self._view = memoryview(self._buffer)
+        self._filled = 0
+        self._transport: asyncio.Transport | None = None
+        self.answers = 0
+        self.first: bytes | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def start(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        for _ in range(min(self._depth, len(self._frames))):
+            self._send()
+
+    def _send(self) -> None:
+        if self._next < len(self._frames) and self._transport is not None:
+            self._transport.write(self._frames[self._next])
+            self._next += 1
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        start = 0
+        while self._filled - start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self._buffer, start)
+            end = start + _LENGTH.size + length
+            if end > self._filled:
+                break
+            if self._buffer[start + _LENGTH.size + 1] != _DONE_TAG:
+                start = end  # the executor's greeting (its log settings)
+                continue
+            if self.first is None:
+                self.first = bytes(self._view[start + _LENGTH.size : end])
+            start = end
+            self.answers += 1
+            if self._gap_s:
+                asyncio.get_running_loop().call_later(self._gap_s, self._send)
+            else:
+                self._send()
+        remaining = self._filled - start
+        self._buffer[:remaining] = self._view[start : self._filled]
+        self._filled = remaining
+        if self.answers >= len(self._frames) and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"the server hung up: {exc}"))
+
+
+async def drive(
+    sock: socket.socket, frames: list[bytes], depth: int, gap_s: float
+) -> tuple[float, bytes]:
+    """CPU seconds of this process per answered request, and the first answer's body."""
+    loop = asyncio.get_running_loop()
+    driver = Driver(frames, depth, gap_s)
+    sock.setblocking(False)
+    transport, _ = await loop.connect_accepted_socket(lambda: driver, sock)
+    began = time.process_time()
+    driver.start(transport)
+    await asyncio.wait_for(driver.done, _TIMEOUT_S)
+    spent = time.process_time() - began
+    transport.close()
+    assert driver.first is not None
+    return spent / driver.answers, driver.first
+
+
+class FloorServer:
+    """Decode, run the ONNX Runtime session, answer: the least an executor does per request."""
+
+    def __init__(self, model_file: Path) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(model_file), options, providers=["CPUExecutionProvider"]
+        )
+        self._names = list(OUTPUTS)
+        self._channel: Channel[m.ToExecutor] | None = None
+
+    async def accept(self, sock: socket.socket) -> None:
+        self._channel = Channel(m.to_executor_decoder(), self._on_message, _nothing, gather=True)
+        await self._channel.attach(sock)
+
+    def _on_message(self, message: m.ToExecutor) -> None:
+        assert isinstance(message, m.Infer) and self._channel is not None
+        feeds = {
+            tensor.name: np.frombuffer(tensor.inline or b"", dtype=np.int32).reshape(tensor.shape)
+            for tensor in message.inputs
+        }
+        results = self._session.run(self._names, feeds)
+        self._channel.send(m.Done(
+            message.id, MODEL, "1", None, {},
+            [m.Tensor(name, "INT32", list(value.shape), inline=value.tobytes())
+             for name, value in zip(self._names, results, strict=True)],
+        ))
+
+
+def _nothing() -> None:
+    pass
+
+
+class ExecutorUnderTest:
+    """A real ``ExecutorService`` over a repository holding the example ``simple`` model."""
+
+    def __init__(self, root: Path) -> None:
+        shutil.copytree(EXAMPLE, root / MODEL)
+        self._settings = Settings(
+            model_repositories=(str(root),), model_control_mode="explicit", load_models=(MODEL,)
+        )
+        self._repository = ModelRepository(
+            self._settings, {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
+        )
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._path = str(root / "control.sock")
+        self._serving: asyncio.Task[None] | None = None
+        self._arena = Arena.create(ARENA_BYTES)
+
+    async def start(self) -> None:
+        await self._repository.load_initial(None)
+        dataplane = DataPlane(self._settings, self._repository)
+        dataplane.set_live(True)
+        self._service = ExecutorService(dataplane, ARENA_BYTES)
+        self._listener.bind(self._path)
+        self._listener.listen()
+        self._serving = asyncio.create_task(self._service.serve(self._listener))
+
+    async def connect(self) -> socket.socket:
+        """A front end's connection: introduced with its arena, as ``ExecutorClient`` does."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await loop.run_in_executor(None, sock.connect, self._path)
+        hello = m.encoder().encode(m.Hello("frontend", 0, self._arena.size))
+        await loop.run_in_executor(None, send_hello, sock, hello, self._arena.fd)
+        _, fd = await loop.run_in_executor(None, receive_hello, sock)
+        os.close(fd)  # the executor's output arena: inline answers never point into it
+        return sock
+
+    async def close(self) -> None:
+        self._service.close()
+        if self._serving is not None:
+            self._serving.cancel()
+        self._listener.close()
+        await self._repository.close()
+        self._arena.close()
+
+
+async def floor_socket(server: FloorServer) -> socket.socket:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    await server.accept(theirs)
+    return ours
+
+
+def check_answer(body: bytes, first: np.ndarray, second: np.ndarray) -> None:
+    """The first answer is ``simple``'s: the sum and the difference of the inputs."""
+    done = msgspec.msgpack.decode(body, type=m.ToFrontEnd)
+    if not isinstance(done, m.Done):
+        raise SystemExit(f"bench_executor: expected a Done, got {done!r}")
+    values = {t.name: np.frombuffer(t.inline or b"", dtype=np.int32) for t in done.outputs}
+    expected = {"OUTPUT0": (first + second).ravel(), "OUTPUT1": (first - second).ravel()}
+    for name, value in expected.items():
+        got = values.get(name)
+        if got is None or not np.array_equal(got, value):
+            raise SystemExit(f"bench_executor: wrong {name}: {got}")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """µs per request for each cell and server, one figure per repeat."""
+    frames, first, second = infer_frames(args.requests)
+    warm_frames = frames[: min(len(frames), 200)]
+    cells = {"pipelined": (args.depth, 0.0), "after idle": (1, args.gap_us / 1e6)}
+    figures: dict[str, dict[str, list[float]]] = {
+        cell: {"executor": [], "floor": []} for cell in cells
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-executor-") as folder:
+        executor = ExecutorUnderTest(Path(folder))
+        await executor.start()
+        floor = FloorServer(EXAMPLE / "1" / "model.onnx")
+        connect: dict[str, Callable[[], Any]] = {
+            "executor": executor.connect, "floor": lambda: floor_socket(floor),
+        }
+        try:
+            for name, opener in connect.items():  # warm: the runner goes inline after its trials
+                for _ in range(3):
+                    _, body = await drive(await opener(), warm_frames, args.depth, 0.0)
+                    check_answer(body, first, second)
+            for _ in range(args.repeat):
+                for cell, (depth, gap_s) in cells.items():
+                    for name, opener in connect.items():
+                        per_request, body = await drive(await opener(), frames, depth, gap_s)
+                        check_answer(body, first, second)
+                        figures[cell][name].append(per_request * 1e6)
+        finally:
+            await executor.close()
+    return figures
+
+
+def report(figures: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> str:
+    rows = []
+    for cell, by_server in figures.items():
+        executor, floor = by_server["executor"], by_server["floor"]
+        rows.append([
+            cell,
+            f"{min(executor):.1f} / {statistics.median(executor):.1f}",
+            f"{min(floor):.1f} / {statistics.median(floor):.1f}",
+            f"{statistics.median(executor) - statistics.median(floor):.1f}",
+            f"{statistics.median(executor) / statistics.median(floor):.2f}×",
+        ])
+    facts = machine_facts()
+    title = (
+        f"### The executor's side of the seam, `{MODEL}` INT32 [1,16] ×2 inline "
+        f"(CPU µs per request of this process, driver included; min / median of {args.repeat})"
+    )
+    header = ["cell", "executor", "floor (decode, run, answer)", "executor − floor",
+              "executor ÷ floor"]
+    cells = (
+        f"pipelined: {args.depth} in flight; after idle: one at a time, {args.gap_us} µs after "
+        f"each answer; {args.requests} requests per run. Issue 15's budget for the executor: "
+        f"{BUDGET_US:.0f} µs per unbatched small request."
+    )
+    machine = (
+        f"{facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, ONNX Runtime "
+        f"{facts['onnxruntime']}, load average {facts['load_average_1min']}."
+    )
+    return "\n".join([title, "", markdown_table(header, rows), "", cells, machine])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs per cell and server")
+    parser.add_argument("--requests", type=int, default=4000, help="requests per run")
+    parser.add_argument("--depth", type=int, default=8, help="requests in flight (pipelined)")
+    parser.add_argument("--gap-us", type=int, default=200,
+                        help="pause before each request of the 'after idle' cell")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = parser.parse_args(argv)
+    if min(args.repeat, args.requests, args.depth) < 1 or args.gap_us < 1:
+        parser.error("--repeat, --requests, --depth and --gap-us must be positive")
+    figures = asyncio.run(measure(args))
+    print(report(figures, args))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"figures": figures, "args": vars(args) | {"json": None}},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""``scripts/bench_executor.py`` runs end to end: both cells, both servers, each answer it
+checks being the example model's (the script exits non-zero on a wrong one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.server_process import ROOT
+
+
+def test_the_benchmark_prints_its_table(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, "scripts/bench_executor.py", "--repeat", "2", "--requests", "30",
+         "--depth", "4", "--gap-us", "50", "--json", str(figures)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split("|")[1].strip() for line in result.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| cell")]
+    assert rows == ["pipelined", "after idle"]
+    assert "4 in flight; after idle: one at a time, 50 µs after each answer" in result.stdout
+    recorded = json.loads(figures.read_text())["figures"]
+    for cell in ("pipelined", "after idle"):
+        for server in ("executor", "floor"):
+            assert len(recorded[cell][server]) == 2
+            assert all(value > 0 for value in recorded[cell][server])
