@@ -282,6 +282,12 @@ class OnnxRuntimeInstance(ModelInstance):
         self._bf16_outputs = {
             info.name for info in signature.outputs if info.datatype.name == "BF16"
         }
+        #: numbers only, no BYTES or BF16 either way: nothing to convert (requests carry the
+        #: datatypes of the config, which must match these)
+        self._plain = not any(
+            info.datatype.is_bytes or info.datatype.name == "BF16"
+            for info in (*signature.inputs, *signature.outputs)
+        )
         self._output_shapes: OutputShapes | None = OutputShapes(
             session.get_inputs(), session.get_outputs()
         )
@@ -292,6 +298,8 @@ class OnnxRuntimeInstance(ModelInstance):
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
         names = list(output_names)
+        if self._plain:
+            return dict(zip(names, self._session.run(names, dict(inputs)), strict=True))
         feeds: dict[str, np.ndarray] = {}
         has_bf16 = bool(self._bf16_outputs.intersection(names))
         for name, array in inputs.items():

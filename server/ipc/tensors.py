@@ -179,8 +179,8 @@ def unpack(tensor: Tensor, peer: np.ndarray, model: str) -> tuple[DataType, tupl
             raise InternalError(f"tensor descriptor for '{tensor.name}' lies outside the arena")
     if datatype.is_bytes or nbytes != count * datatype.itemsize:
         raise InternalError(f"tensor descriptor for '{tensor.name}' does not match its shape")
-    if inline is not None:  # typed at once: one array, not a byte view and a typed one
-        typed: np.ndarray = np.frombuffer(inline, dtype=datatype.dtype)
-    else:
-        typed = peer[tensor.offset : tensor.offset + nbytes].view(datatype.dtype)
-    return datatype, shape, typed.reshape(shape)
+    # One array of the final shape straight over the bytes (half the cost of a flat array
+    # and a reshape, on every tensor of every request both ways).
+    if inline is not None:
+        return datatype, shape, np.ndarray(shape, datatype.dtype, inline)
+    return datatype, shape, np.ndarray(shape, datatype.dtype, peer, tensor.offset)

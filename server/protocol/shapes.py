@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from server.errors import InvalidArgument
 
 
 def element_count(shape: tuple[int, ...]) -> int:
-    """prod(shape), exact (numpy's int64 product would wrap around)."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    """prod(shape), exact (numpy's int64 product would wrap around; ``math.prod`` of Python
+    ints does not)."""
+    return math.prod(shape)
 
 
 def reshape(array: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
