@@ -69,7 +69,7 @@ ARENA_BYTES = 1 << 20
 BUDGET_US = 30.0  # issue 15: the executor, per unbatched small request
 _LENGTH = struct.Struct("<I")
 _TIMEOUT_S = 120.0
-_DONE_TAG = 10  # ``messages.Done``
+_DONE_TAG = m.Done.__struct_config__.tag
 
 
 def infer_frames(count: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:

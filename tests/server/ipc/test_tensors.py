@@ -1,4 +1,5 @@
-"""Unit tests for server.ipc.tensors: blocks of the output arena lent to a model's run."""
+"""Unit tests for server.ipc.tensors: descriptors packed and unpacked, and blocks of the output
+arena lent to a model's run."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 
 from server.errors import InternalError
-from server.ipc.messages import Tensor
-from server.ipc.tensors import LentBlocks, Outbox, pack
+from server.ipc.messages import INLINE_BYTES, Tensor
+from server.ipc.tensors import LentBlocks, Outbox, pack, unpack
 from server.memory.arena import ArenaAllocator
 from server.protocol.datatypes import BY_NAME
 
@@ -20,6 +21,21 @@ def lending() -> tuple[Outbox, ArenaAllocator, LentBlocks]:
     allocator = ArenaAllocator(SIZE)
     outbox = Outbox(whole, allocator.allocate)
     return outbox, allocator, LentBlocks(outbox, allocator.free)
+
+
+def test_unpack_gives_back_what_was_packed_inline_and_past_the_start_of_the_arena() -> None:
+    outbox, allocator, _ = lending()
+    assert allocator.allocate(4096) == 0  # what is stored next lies past offset 0
+    small = np.arange(16, dtype=np.int32).reshape(1, 16)
+    large = np.arange(INLINE_BYTES, dtype=np.float32).reshape(2, -1)
+    owned: list[int] = []
+    for data, name in ((small, "INT32"), (large, "FP32")):
+        tensor = pack("T", BY_NAME[name], data.shape, data, {}, None, outbox, owned)
+        datatype, shape, got = unpack(tensor, outbox.whole, "m")
+        assert datatype is BY_NAME[name] and shape == data.shape
+        assert got is not None and got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+    assert tensor.inline is None and owned == [tensor.offset] and tensor.offset > 0
 
 
 def test_an_output_written_into_a_lent_block_is_sent_where_it_lies() -> None:
