@@ -20,11 +20,21 @@ mode the single process), Triton's as ``tritonserver`` and its python backend st
 perf_analyzer's own CPU comes from its rusage. "Cores busy" is the CPU seconds of the server
 and perf_analyzer together over the wall seconds of the run: below the machine's cores, a core
 idled while requests waited elsewhere (a process queue, a run queue), so throughput is
-bounded by that as well as by the CPU per request. A second table starts tensorgate afresh with
-``--frontends`` 0, 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
+bounded by that as well as by the CPU per request.
+
+On the ``simple-http`` row a third server is measured after tensorgate in each repeat:
+``scripts/http_floor.py``, our HTTP layer answering with canned bytes taken from tensorgate at the
+start (``--floor off`` leaves it out). perf_analyzer sends it requests at the rate tensorgate has
+just served (``--request-rate-range``), not 8 at a time. At concurrency 8 the floor serves 15,000-
+25,000 requests/s, where its CPU per request is a third of what it is at tensorgate's rate, and
+perf_analyzer's windows stopped ending after a pass or two in half the runs. Its CPU per request
+is the protocol floor of issue 15's budget, printed beside the front ends' work beyond it, the
+executor's and the whole server's. A last table starts tensorgate afresh with ``--frontends`` 0,
+1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
 
     python scripts/bench_vs_triton.py [--rows simple-http,mlp-on,...] [--repeat 3]
-        [--frontends-sweep on|off] [--tensorgate-args "--frontends=2"] [--json PATH]
+        [--frontends-sweep on|off] [--floor on|off] [--tensorgate-args "--frontends=2"]
+        [--json PATH]
 
 Figures are for people, never a CI gate: on a shared 2-core machine only same-run ratios carry
 from one run to the next. tensorgate is ``python -m server`` with ONNX Runtime and BLAS pinned
@@ -78,6 +88,7 @@ from scripts.bench_common import (
     fmt_ratio,
     markdown_table,
 )
+from scripts.http_floor import capture
 
 REPOSITORY = ROOT / "examples" / "model_repository"
 MLP_OFF = "mlp_nobatch"
@@ -116,6 +127,14 @@ ROWS = (
 ROW_KEYS = {row.key: row for row in ROWS}
 SWEEP_ROW = ROW_KEYS["simple-http"]
 BATCHING_TARGET = 3.0  # issue 15's goal: batching on ÷ off
+FLOOR = "HTTP floor"  # scripts/http_floor.py, measured on SWEEP_ROW at tensorgate's rate
+#: Issue 15's CPU budget per small request, µs: (what, goal).
+BUDGET = (
+    ("HTTP protocol floor (scripts/http_floor.py at tensorgate's rate)", 180.0),
+    ("front ends' work beyond the floor (front ends − floor)", 60.0),
+    ("executor, unbatched request", 30.0),
+    ("whole server", 300.0),
+)
 
 
 # --- pure pieces ------------------------------------------------------------------------------
@@ -246,13 +265,14 @@ class ServerProcess:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
-            if self.http_port is not None and self.grpc_port is not None and self._ready():
+            if self._ready():
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} was not ready within {timeout:.0f} s:\n{self.log_tail()}")
 
     def _ready(self) -> bool:
-        assert self.http_port is not None and self.grpc_port is not None
+        if self.http_port is None or self.grpc_port is None:
+            return False
         try:
             if get_status(self.http_port, "/v2/health/ready") != 200:
                 return False
@@ -354,6 +374,33 @@ class Triton(ServerProcess):
             elif name.startswith("triton_python"):
                 found.append(("python stubs", process))
         return found
+
+
+class FloorServer(ServerProcess):
+    """``scripts/http_floor.py``: our HTTP layer answering with ``answers`` (HTTP only)."""
+
+    name = "floor"
+
+    def __init__(self, answers: Path) -> None:
+        super().__init__(
+            [sys.executable, str(ROOT / "scripts" / "http_floor.py"), f"--answers={answers}"],
+            {**os.environ, **PINNED_THREADS, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def on_line(self, line: str) -> None:
+        match = _HTTP_STARTED.search(line)
+        if match and self.http_port is None:
+            self.http_port = int(match.group(1))
+
+    def _ready(self) -> bool:
+        try:
+            return self.http_port is not None and get_status(
+                self.http_port, "/v2/health/ready") == 200
+        except OSError:
+            return False
+
+    def processes(self) -> list[tuple[str, psutil.Process]]:
+        return [("floor", psutil.Process(self.proc.pid))]
 
 
 def get_status(port: int, path: str) -> int:
@@ -469,14 +516,21 @@ def run_perf_analyzer(
 
 
 def measure(
-    settings: Settings, server: ServerProcess, row: Row, label: str, warm_up: bool = False
+    settings: Settings,
+    server: ServerProcess,
+    row: Row,
+    label: str,
+    warm_up: bool = False,
+    rate: float | None = None,
 ) -> Measurement:
     """perf_analyzer on ``row`` against ``server``, with the CPU time of every process; a run
-    that does not stabilise is rerun once over exactly three windows (marked unstable)."""
+    that does not stabilise is rerun once over exactly three windows (marked unstable). With
+    ``rate``, requests are sent at that rate (per second) instead of ``row``'s concurrency."""
     port = server.http_port if row.protocol == "http" else server.grpc_port
     assert port is not None and server.http_port is not None
-    argv = ["-m", row.model, "-u", f"127.0.0.1:{port}", "-i", row.protocol,
-            f"--concurrency-range={row.concurrency}", *row.flags]
+    load = (f"--concurrency-range={row.concurrency}" if rate is None else
+            f"--request-rate-range={rate:.0f}")
+    argv = ["-m", row.model, "-u", f"127.0.0.1:{port}", "-i", row.protocol, load, *row.flags]
     result = Measurement(label, row.key)
     if warm_up:
         run_perf_analyzer(settings, argv, 300, 1000, 3)
@@ -568,6 +622,13 @@ def run(args: argparse.Namespace, settings: Settings) -> Results:
         with ExitStack() as tg_stack:
             tensorgate = start(Tensorgate(repository, tg_args), tg_stack)
             servers = {"tensorgate": tensorgate, "Triton": triton}
+            floor = None
+            if args.floor == "on" and SWEEP_ROW in args.rows:
+                assert tensorgate.http_port is not None
+                answers = base / "floor.json"
+                answers.write_text(json.dumps(capture(tensorgate.http_port, SWEEP_ROW.model)))
+                floor = start(FloorServer(answers), tg_stack)
+                measure(settings, floor, SWEEP_ROW, FLOOR, warm_up=True, rate=1000)
             for row in args.rows:
                 for label, server in servers.items():
                     measure(settings, server, row, label, warm_up=True)
@@ -579,6 +640,11 @@ def run(args: argparse.Namespace, settings: Settings) -> Results:
                         order.reverse()
                     for label, server in order:
                         results.main.append(measure(settings, server, row, label))
+                        progress(results.main[-1])
+                    served = next(m for m in reversed(results.main) if m.server == "tensorgate")
+                    if floor is not None and row == SWEEP_ROW and served.infer_per_s > 0:
+                        results.main.append(measure(settings, floor, row, FLOOR,
+                                                    rate=served.infer_per_s))
                         progress(results.main[-1])
         if args.frontends_sweep == "on":
             sweep(args, settings, repository, triton, tg_args, results)
@@ -652,22 +718,51 @@ def ratio_cell(value: float) -> str:
     return "n/a" if math.isnan(value) else fmt_ratio(value)
 
 
+def server_us(values: Sequence[Measurement]) -> float:
+    """The median CPU µs per request of the server's processes together."""
+    if not values or not all(m.requests for m in values):
+        return float("nan")
+    return median([sum(cpu for role, cpu in m.cpu_s.items() if role != "perf_analyzer")
+                   / (m.requests or 1) * 1e6 for m in values])
+
+
+def role_us(values: Sequence[Measurement], role: str) -> float:
+    """The median CPU µs per request of one role's processes (n/a where it has none)."""
+    return median([m.cpu_us_per_request(role) for m in values]) if values else float("nan")
+
+
 def cpu_cells(values: Sequence[Measurement]) -> tuple[str, str, str, str]:
     """Server total, per role, perf_analyzer: median CPU µs per request; and the median
     cores busy."""
     if not values or not all(m.requests for m in values):
         return "n/a", "n/a", "n/a", "n/a"
     roles = [role for role in values[-1].cpu_s if role != "perf_analyzer"]
-    total = median([sum(m.cpu_s.get(r, 0.0) for r in roles) / (m.requests or 1) * 1e6
-                    for m in values])
+    total = server_us(values)
     parts = []
     for role in roles:
         count = values[-1].processes.get(role, 1)
         name = f"{role} ({count})" if count > 1 else role
-        parts.append(f"{name} {fmt_number(median([m.cpu_us_per_request(role) for m in values]))}")
-    pa = median([m.cpu_us_per_request("perf_analyzer") for m in values])
+        parts.append(f"{name} {fmt_number(role_us(values, role))}")
+    pa = role_us(values, "perf_analyzer")
     busy = median([m.cores_busy() for m in values])
     return fmt_number(total), " · ".join(parts), fmt_number(pa), fmt_number(busy)
+
+
+def budget_rows(measurements: Sequence[Measurement]) -> list[list[str]]:
+    """Issue 15's CPU budget on SWEEP_ROW: measured µs per request beside each goal. The front
+    ends' work beyond the floor is their CPU less the floor's; with tensorgate in one process
+    it and the executor's are n/a."""
+    tensorgate = pick(measurements, "tensorgate", SWEEP_ROW.key)
+    floor = server_us(pick(measurements, FLOOR, SWEEP_ROW.key))
+    measured = (
+        floor,
+        role_us(tensorgate, "front ends") - floor,
+        role_us(tensorgate, "executor"),
+        server_us(tensorgate),
+    )
+    return [[what, fmt_number(value), f"≤ {goal:g}",
+             "n/a" if math.isnan(value) else "met" if value <= goal else "not met"]
+            for (what, goal), value in zip(BUDGET, measured, strict=True)]
 
 
 def report(args: argparse.Namespace, results: Results) -> str:
@@ -699,14 +794,21 @@ def report(args: argparse.Namespace, results: Results) -> str:
                                          "mean batch (on)"], batching))
     cpu_rows = []
     for row in args.rows:
-        for server in ("tensorgate", "Triton"):
-            total, parts, pa, busy = cpu_cells(pick(results.main, server, row.key))
-            cpu_rows.append([row.title, server, total, parts, pa, busy])
+        for server in ("tensorgate", "Triton", FLOOR):
+            values = pick(results.main, server, row.key)
+            if values or server != FLOOR:
+                cpu_rows.append([row.title, server, *cpu_cells(values)])
     out.append("\n### CPU µs per request (psutil user+system over each perf_analyzer run ÷ "
                "requests the server counted; medians), and the cores server and "
                f"perf_analyzer kept busy together (of {len(os.sched_getaffinity(0))})\n")
     out.append(markdown_table(["row", "server", "server total", "by process", "perf_analyzer",
                                "cores busy"], cpu_rows))
+    if SWEEP_ROW in args.rows:
+        floor = pick(results.main, FLOOR, SWEEP_ROW.key)
+        out.append(f"\n### CPU budget per request (issue 15): {SWEEP_ROW.title}, µs "
+                   f"(the floor served {rate_cell(floor)} infer/s)\n")
+        out.append(markdown_table(["what", "measured", "goal", ""],
+                                  budget_rows(results.main)))
     if args.frontends_sweep == "on":
         out.append(f"\n### --frontends sweep: {SWEEP_ROW.title} (each a fresh tensorgate)\n")
         triton = pick(results.sweep, "Triton", SWEEP_ROW.key)
@@ -746,6 +848,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the --frontends table on simple-http (default on)")
     parser.add_argument("--sweep-values", type=lambda s: [int(v) for v in s.split(",")],
                         default=[0, 1, 2, 3], help="--frontends values (default 0,1,2,3)")
+    parser.add_argument("--floor", choices=("on", "off"), default="on",
+                        help="measure the HTTP protocol floor on simple-http (default on)")
     parser.add_argument("--tensorgate-args", default="",
                         help="more tensorgate flags, one shell-quoted string")
     parser.add_argument("--triton-args", default="", help="more tritonserver flags")

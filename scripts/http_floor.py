@@ -1,0 +1,223 @@
+"""The HTTP protocol floor: tensorgate's own HTTP layer answering with canned bytes.
+
+Issue 15 budgets a small HTTP request at 180 µs of CPU for the protocol (an infer fast path
+below Tornado's ``RequestHandler``) and 60 µs for the front end's real work beyond it.
+``bench_vs_triton.py`` measures the front ends' CPU per request. This server gives the other
+number: the cost of the protocol alone, under the same perf_analyzer load. It serves the
+connections with the front end's classes (``server.http.connection``, ``Exchange``, the
+``Listener``), on the same event loop and CPU policy. Each request is answered with bytes that
+a real server gave for the same call. An infer request gets the answer the real server gave for
+one request of the same inputs, and its body is read and dropped. Nothing is decoded, checked,
+run or encoded. The statistics answer counts the infer requests answered, so that
+perf_analyzer and the benchmark read true request counts.
+
+    python scripts/http_floor.py --answers ANSWERS.json [--port 0]
+
+``capture(port, model)`` makes ``ANSWERS.json`` from a running server: its metadata, config,
+readiness and statistics answers, and its answer to one binary infer request of zeros.
+Figures measured against it are for people, never a CI gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import copy
+import http.client
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file: make the `server` package importable
+    sys.path.insert(0, str(ROOT))
+
+from tornado import httputil
+
+from server import heap
+from server.event_loop import run
+from server.http.endpoint import Http, service
+from server.http.exchange import Exchange
+from server.processes.cpu_policy import use_batch_policy
+
+#: Bytes per element of the datatypes a captured infer request may have.
+_ELEMENT_BYTES = {
+    "BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
+    "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8,
+}
+_STATS_COUNTED = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+_STATS_ZERO = ("fail", "cache_hit", "cache_miss")
+
+
+@dataclass(frozen=True)
+class Answer:
+    code: int
+    reason: str
+    fields: list[tuple[str, str]]
+    body: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "reason": self.reason, "fields": self.fields,
+                "body": base64.b64encode(self.body).decode()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Answer:
+        return cls(int(data["code"]), str(data["reason"]),
+                   [(str(name), str(value)) for name, value in data["fields"]],
+                   base64.b64decode(data["body"]))
+
+
+_NOT_FOUND = Answer(404, "Not Found", [("Content-Type", "application/json")],
+                    b'{"error":"Not Found"}')
+
+
+# --- capture, from a running server -----------------------------------------------------------
+
+
+def _fetch(port: int, method: str, path: str, body: bytes | None = None,
+           headers: dict[str, str] | None = None) -> Answer:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        data = response.read()
+        kept = ("Content-Type", "Inference-Header-Content-Length")
+        fields = [(name, value) for name, value in response.getheaders() if name in kept]
+        return Answer(response.status, response.reason, fields, data)
+    finally:
+        connection.close()
+
+
+def infer_request(metadata: dict[str, Any]) -> tuple[bytes, int]:
+    """A binary infer request of zeros for the model ``metadata`` describes (variable
+    dimensions 1), every output asked for as binary data; the body and its JSON's length."""
+    inputs, blobs = [], []
+    for tensor in metadata["inputs"]:
+        datatype = tensor["datatype"]
+        if datatype not in _ELEMENT_BYTES:
+            raise ValueError(f"input {tensor['name']!r}: {datatype} is not captured here")
+        shape = [1 if dim < 0 else int(dim) for dim in tensor["shape"]]
+        count = 1
+        for dim in shape:
+            count *= dim
+        blobs.append(bytes(count * _ELEMENT_BYTES[datatype]))
+        inputs.append({"name": tensor["name"], "shape": shape, "datatype": datatype,
+                       "parameters": {"binary_data_size": len(blobs[-1])}})
+    outputs = [{"name": tensor["name"], "parameters": {"binary_data": True}}
+               for tensor in metadata["outputs"]]
+    header = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+    return header + b"".join(blobs), len(header)
+
+
+def capture(port: int, model: str) -> dict[str, Any]:
+    """The answers the floor serves, taken from the server on ``port`` (HTTP) for ``model``."""
+    answers: dict[str, Answer] = {}
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2", f"/v2/models/{model}",
+                 f"/v2/models/{model}/config", f"/v2/models/{model}/ready"):
+        answers[f"GET {path}"] = _fetch(port, "GET", path)
+    metadata = json.loads(answers[f"GET /v2/models/{model}"].body)
+    body, header_length = infer_request(metadata)
+    infer = _fetch(port, "POST", f"/v2/models/{model}/infer", body, {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(header_length)})
+    if infer.code != 200:
+        raise RuntimeError(f"the captured infer request failed: {infer.code} {infer.body!r}")
+    stats = _fetch(port, "GET", f"/v2/models/{model}/stats")
+    return {"model": model, "infer": infer.to_json(), "stats": json.loads(stats.body),
+            "answers": {key: answer.to_json() for key, answer in answers.items()}}
+
+
+# --- the floor server -------------------------------------------------------------------------
+
+
+def statistics_body(template: dict[str, Any], served: int) -> bytes:
+    """The statistics answer, ``template``'s with every count set to the infer requests
+    ``served`` (one execution each, no time spent) and no failures or cache lookups."""
+    stats = copy.deepcopy(template)
+    for model in stats["model_stats"]:
+        model["inference_count"] = model["execution_count"] = served
+        inference = model["inference_stats"]
+        for key in _STATS_COUNTED:
+            inference[key] = {"count": served, "ns": 0}
+        for key in _STATS_ZERO:
+            inference[key] = {"count": 0, "ns": 0}
+        model["batch_stats"] = []
+    return json.dumps(stats).encode()
+
+
+class Floor(httputil.HTTPServerConnectionDelegate):
+    """Every request's delegate: canned answers, an infer request counted."""
+
+    def __init__(self, captured: dict[str, Any]) -> None:
+        self.answers = {key: Answer.from_json(value)
+                        for key, value in captured["answers"].items()}
+        self.infer = Answer.from_json(captured["infer"])
+        self.stats_template: dict[str, Any] = captured["stats"]
+        self.served = 0
+
+    def answer(self, method: str, path: str) -> Answer:
+        if method == "POST" and path.endswith("/infer"):
+            self.served += 1
+            return self.infer
+        if method == "GET" and path.endswith("/stats"):
+            body = statistics_body(self.stats_template, self.served)
+            return Answer(200, "OK", [("Content-Type", "application/json")], body)
+        return self.answers.get(f"{method} {path}", _NOT_FOUND)
+
+    def start_request(
+        self, server_conn: object, request_conn: httputil.HTTPConnection
+    ) -> httputil.HTTPMessageDelegate:
+        return _Request(self, cast(Exchange, request_conn))
+
+
+class _Request(httputil.HTTPMessageDelegate):
+    """One request: its body is dropped as it comes, the answer written once it is in."""
+
+    def __init__(self, floor: Floor, connection: Exchange) -> None:
+        self._floor = floor
+        self._connection = connection
+        self._method = ""
+        self._path = ""
+
+    def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> None:
+        assert isinstance(start_line, httputil.RequestStartLine)
+        self._method, self._path = start_line.method, start_line.path.partition("?")[0]
+
+    def data_received(self, chunk: bytes) -> None:
+        pass
+
+    def finish(self) -> None:
+        answer = self._floor.answer(self._method, self._path)
+        self._connection.write_answer(answer.code, answer.reason, answer.fields, answer.body)
+        self._connection.finish()
+
+
+async def serve(captured: dict[str, Any], address: str, port: int) -> None:
+    Http(service(Floor(captured)), address, port, "HTTPService")
+    heap.settle()
+    await asyncio.Event().wait()  # until SIGTERM ends the process
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--answers", type=Path, required=True, help="from capture(), as JSON")
+    parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    captured = json.loads(args.answers.read_text())
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    use_batch_policy()
+    run(serve(captured, args.address, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
