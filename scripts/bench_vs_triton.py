@@ -24,12 +24,13 @@ bounded by that as well as by the CPU per request.
 
 On the ``simple-http`` row a third server is measured after tensorgate in each repeat:
 ``scripts/http_floor.py``, our HTTP layer answering with canned bytes taken from tensorgate at the
-start (``--floor off`` leaves it out). perf_analyzer sends it requests at the rate tensorgate has
-just served (``--request-rate-range``), not 8 at a time. At concurrency 8 the floor serves 15,000-
-25,000 requests/s, where its CPU per request is a third of what it is at tensorgate's rate, and
-perf_analyzer's windows stopped ending after a pass or two in half the runs. Its CPU per request
-is the protocol floor of issue 15's budget, printed beside the front ends' work beyond it, the
-executor's and the whole server's. A last table starts tensorgate afresh with ``--frontends`` 0,
+start (``--floor off`` leaves it out). perf_analyzer sends it requests at the rate each of
+tensorgate's front ends has just served (``--request-rate-range``: tensorgate's rate ÷ its front
+ends), not 8 at a time: a process's CPU per request depends on how busy it is. At concurrency 8
+the floor serves 15,000-25,000 requests/s at a third of the CPU per request it spends at 5,000/s,
+and perf_analyzer's windows stopped ending after a pass or two in half the runs. Its CPU per
+request is the protocol floor of issue 15's budget, printed beside the front ends' work beyond
+it, the executor's and the whole server's. A last table starts tensorgate afresh with ``--frontends`` 0,
 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
 
     python scripts/bench_vs_triton.py [--rows simple-http,mlp-on,...] [--repeat 3]
@@ -127,10 +128,10 @@ ROWS = (
 ROW_KEYS = {row.key: row for row in ROWS}
 SWEEP_ROW = ROW_KEYS["simple-http"]
 BATCHING_TARGET = 3.0  # issue 15's goal: batching on ÷ off
-FLOOR = "HTTP floor"  # scripts/http_floor.py, measured on SWEEP_ROW at tensorgate's rate
+FLOOR = "HTTP floor"  # scripts/http_floor.py, measured on SWEEP_ROW (see floor_rate)
 #: Issue 15's CPU budget per small request, µs: (what, goal).
 BUDGET = (
-    ("HTTP protocol floor (scripts/http_floor.py at tensorgate's rate)", 180.0),
+    ("HTTP protocol floor (scripts/http_floor.py at one front end's rate)", 180.0),
     ("front ends' work beyond the floor (front ends − floor)", 60.0),
     ("executor, unbatched request", 30.0),
     ("whole server", 300.0),
@@ -223,6 +224,7 @@ class ServerProcess:
     """A server started here, in its own session, with its output kept for error reports."""
 
     name = "server"
+    needs_grpc = True  # ready only once its gRPC port accepts connections too
 
     def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
         self.lines: list[str] = []
@@ -252,7 +254,9 @@ class ServerProcess:
             self.on_line(line)
 
     def on_line(self, line: str) -> None:
-        pass
+        match = _HTTP_STARTED.search(line)
+        if match and self.http_port is None:
+            self.http_port = int(match.group(1))
 
     def log_tail(self, count: int = 30) -> str:
         return "".join(self.lines[-count:])
@@ -271,11 +275,13 @@ class ServerProcess:
         raise RuntimeError(f"{self.name} was not ready within {timeout:.0f} s:\n{self.log_tail()}")
 
     def _ready(self) -> bool:
-        if self.http_port is None or self.grpc_port is None:
+        if self.http_port is None or (self.needs_grpc and self.grpc_port is None):
             return False
         try:
             if get_status(self.http_port, "/v2/health/ready") != 200:
                 return False
+            if self.grpc_port is None:
+                return True
             with closing(socket.create_connection(("127.0.0.1", self.grpc_port), timeout=2)):
                 return True
         except OSError:
@@ -329,9 +335,7 @@ class Tensorgate(ServerProcess):
         )
 
     def on_line(self, line: str) -> None:
-        match = _HTTP_STARTED.search(line)
-        if match and self.http_port is None:
-            self.http_port = int(match.group(1))
+        super().on_line(line)
         match = _GRPC_STARTED.search(line)
         if match and self.grpc_port is None:
             self.grpc_port = int(match.group(1))
@@ -376,28 +380,17 @@ class Triton(ServerProcess):
         return found
 
 
-class FloorServer(ServerProcess):
+class HttpFloorServer(ServerProcess):
     """``scripts/http_floor.py``: our HTTP layer answering with ``answers`` (HTTP only)."""
 
-    name = "floor"
+    name = "HTTP floor"
+    needs_grpc = False
 
     def __init__(self, answers: Path) -> None:
         super().__init__(
             [sys.executable, str(ROOT / "scripts" / "http_floor.py"), f"--answers={answers}"],
             {**os.environ, **PINNED_THREADS, "PYTHONUNBUFFERED": "1"},
         )
-
-    def on_line(self, line: str) -> None:
-        match = _HTTP_STARTED.search(line)
-        if match and self.http_port is None:
-            self.http_port = int(match.group(1))
-
-    def _ready(self) -> bool:
-        try:
-            return self.http_port is not None and get_status(
-                self.http_port, "/v2/health/ready") == 200
-        except OSError:
-            return False
 
     def processes(self) -> list[tuple[str, psutil.Process]]:
         return [("floor", psutil.Process(self.proc.pid))]
@@ -577,6 +570,15 @@ def measure(
 # --- the run ----------------------------------------------------------------------------------
 
 
+def floor_rate(served: Measurement) -> float | None:
+    """The rate the floor is sent, per second: what each of tensorgate's front ends served in
+    ``served`` (all of it in one process), for the floor, one process, to run as busy as one
+    front end. None when ``served`` measured nothing."""
+    if served.error is not None or not served.infer_per_s > 0:
+        return None
+    return served.infer_per_s / served.processes.get("front ends", 1)
+
+
 def write_repository(base: Path) -> Path:
     """The example repository plus ``mlp_nobatch`` (``mlp`` without dynamic batching)."""
     repository = base / "models"
@@ -627,7 +629,7 @@ def run(args: argparse.Namespace, settings: Settings) -> Results:
                 assert tensorgate.http_port is not None
                 answers = base / "floor.json"
                 answers.write_text(json.dumps(capture(tensorgate.http_port, SWEEP_ROW.model)))
-                floor = start(FloorServer(answers), tg_stack)
+                floor = start(HttpFloorServer(answers), tg_stack)
                 measure(settings, floor, SWEEP_ROW, FLOOR, warm_up=True, rate=1000)
             for row in args.rows:
                 for label, server in servers.items():
@@ -638,14 +640,20 @@ def run(args: argparse.Namespace, settings: Settings) -> Results:
                     order = list(servers.items())
                     if (repeat + index) % 2:
                         order.reverse()
+                    served = Measurement("tensorgate", row.key)  # (measured in this loop)
                     for label, server in order:
                         results.main.append(measure(settings, server, row, label))
                         progress(results.main[-1])
-                    served = next(m for m in reversed(results.main) if m.server == "tensorgate")
-                    if floor is not None and row == SWEEP_ROW and served.infer_per_s > 0:
-                        results.main.append(measure(settings, floor, row, FLOOR,
-                                                    rate=served.infer_per_s))
-                        progress(results.main[-1])
+                        if label == "tensorgate":
+                            served = results.main[-1]
+                    if floor is not None and row == SWEEP_ROW:
+                        rate = floor_rate(served)
+                        if rate is None:
+                            print(f"  {row.key:<14} {FLOOR:<24} skipped: no tensorgate rate",
+                                  file=sys.stderr, flush=True)
+                        else:
+                            results.main.append(measure(settings, floor, row, FLOOR, rate=rate))
+                            progress(results.main[-1])
         if args.frontends_sweep == "on":
             sweep(args, settings, repository, triton, tg_args, results)
     results.seconds = time.monotonic() - began
@@ -727,8 +735,11 @@ def server_us(values: Sequence[Measurement]) -> float:
 
 
 def role_us(values: Sequence[Measurement], role: str) -> float:
-    """The median CPU µs per request of one role's processes (n/a where it has none)."""
-    return median([m.cpu_us_per_request(role) for m in values]) if values else float("nan")
+    """The median CPU µs per request of one role's processes (n/a where it has none, or where
+    a run has no request count: a median over NaN would be arbitrary)."""
+    if not values or not all(m.requests for m in values):
+        return float("nan")
+    return median([m.cpu_us_per_request(role) for m in values])
 
 
 def cpu_cells(values: Sequence[Measurement]) -> tuple[str, str, str, str]:
@@ -805,8 +816,9 @@ def report(args: argparse.Namespace, results: Results) -> str:
                                "cores busy"], cpu_rows))
     if SWEEP_ROW in args.rows:
         floor = pick(results.main, FLOOR, SWEEP_ROW.key)
-        out.append(f"\n### CPU budget per request (issue 15): {SWEEP_ROW.title}, µs "
-                   f"(the floor served {rate_cell(floor)} infer/s)\n")
+        served = f" (the floor served {rate_cell(floor)} infer/s)" if floor else ""
+        out.append(f"\n### CPU budget per request (issue 15): {SWEEP_ROW.title}, µs"
+                   f"{served}\n")
         out.append(markdown_table(["what", "measured", "goal", ""],
                                   budget_rows(results.main)))
     if args.frontends_sweep == "on":

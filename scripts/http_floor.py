@@ -5,17 +5,19 @@ below Tornado's ``RequestHandler``) and 60 µs for the front end's real work bey
 ``bench_vs_triton.py`` measures the front ends' CPU per request. This server gives the other
 number: the cost of the protocol alone, under the same perf_analyzer load. It serves the
 connections with the front end's classes (``server.http.connection``, ``Exchange``, the
-``Listener``), on the same event loop and CPU policy. Each request is answered with bytes that
-a real server gave for the same call. An infer request gets the answer the real server gave for
-one request of the same inputs, and its body is read and dropped. Nothing is decoded, checked,
+``Listener``), on the same event loop and CPU policy. GET and POST requests are answered with
+the status, body and content headers a real server gave for the same call (the ``Date`` it sent
+then included). An infer request for the captured model gets the answer the real server gave
+for one request of the same inputs; its body is read and dropped. Nothing is decoded, checked,
 run or encoded. The statistics answer counts the infer requests answered, so that
 perf_analyzer and the benchmark read true request counts.
 
+    python scripts/http_floor.py --capture-from PORT --model simple --answers ANSWERS.json
     python scripts/http_floor.py --answers ANSWERS.json [--port 0]
 
-``capture(port, model)`` makes ``ANSWERS.json`` from a running server: its metadata, config,
-readiness and statistics answers, and its answer to one binary infer request of zeros.
-Figures measured against it are for people, never a CI gate.
+The first line takes the answers from the server whose HTTP port is PORT (``capture``): its
+health, metadata, config and statistics answers, and its answer to one binary infer request of
+zeros. The second serves them. Figures measured against it are for people, never a CI gate.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a file: make the `server` package importable
@@ -38,17 +40,16 @@ if __package__ in (None, ""):  # run as a file: make the `server` package import
 
 from tornado import httputil
 
-from server import heap
-from server.event_loop import run
-from server.http.endpoint import Http, service
-from server.http.exchange import Exchange
-from server.processes.cpu_policy import use_batch_policy
+if TYPE_CHECKING:
+    from server.http.exchange import Exchange
 
 #: Bytes per element of the datatypes a captured infer request may have.
 _ELEMENT_BYTES = {
     "BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
     "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8,
 }
+#: The answer's fields kept from the real server's (its Date, as it was then).
+_KEPT_FIELDS = ("Content-Type", "Inference-Header-Content-Length", "Date")
 _STATS_COUNTED = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 _STATS_ZERO = ("fail", "cache_hit", "cache_miss")
 
@@ -71,8 +72,10 @@ class Answer:
                    base64.b64decode(data["body"]))
 
 
-_NOT_FOUND = Answer(404, "Not Found", [("Content-Type", "application/json")],
-                    b'{"error":"Not Found"}')
+_JSON = [("Content-Type", "application/json")]
+_NOT_FOUND = Answer(404, "Not Found", _JSON, b'{"error":"Not Found"}')
+#: Methods other than GET and POST: no body, so that a HEAD answer keeps the framing.
+_NOT_ALLOWED = Answer(405, "Method Not Allowed", [], b"")
 
 
 # --- capture, from a running server -----------------------------------------------------------
@@ -85,8 +88,8 @@ def _fetch(port: int, method: str, path: str, body: bytes | None = None,
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
         data = response.read()
-        kept = ("Content-Type", "Inference-Header-Content-Length")
-        fields = [(name, value) for name, value in response.getheaders() if name in kept]
+        fields = [(name, value) for name, value in response.getheaders()
+                  if name in _KEPT_FIELDS]
         return Answer(response.status, response.reason, fields, data)
     finally:
         connection.close()
@@ -126,26 +129,31 @@ def capture(port: int, model: str) -> dict[str, Any]:
         "Inference-Header-Content-Length": str(header_length)})
     if infer.code != 200:
         raise RuntimeError(f"the captured infer request failed: {infer.code} {infer.body!r}")
+    header_bytes = int(dict(infer.fields)["Inference-Header-Content-Length"])
+    version = str(json.loads(infer.body[:header_bytes])["model_version"])
     stats = _fetch(port, "GET", f"/v2/models/{model}/stats")
-    return {"model": model, "infer": infer.to_json(), "stats": json.loads(stats.body),
+    return {"model": model, "version": version, "infer": infer.to_json(),
+            "stats": json.loads(stats.body),
             "answers": {key: answer.to_json() for key, answer in answers.items()}}
 
 
 # --- the floor server -------------------------------------------------------------------------
 
 
-def statistics_body(template: dict[str, Any], served: int) -> bytes:
-    """The statistics answer, ``template``'s with every count set to the infer requests
-    ``served`` (one execution each, no time spent) and no failures or cache lookups."""
+def statistics_body(template: dict[str, Any], model: str, version: str, served: int) -> bytes:
+    """The statistics answer: ``template``'s, with the entry of ``model`` ``version`` counting
+    the infer requests ``served`` (one execution each, no time spent), every other entry none,
+    and no failures or cache lookups anywhere."""
     stats = copy.deepcopy(template)
-    for model in stats["model_stats"]:
-        model["inference_count"] = model["execution_count"] = served
-        inference = model["inference_stats"]
+    for entry in stats["model_stats"]:
+        count = served if (entry["name"], entry["version"]) == (model, version) else 0
+        entry["inference_count"] = entry["execution_count"] = count
+        inference = entry["inference_stats"]
         for key in _STATS_COUNTED:
-            inference[key] = {"count": served, "ns": 0}
+            inference[key] = {"count": count, "ns": 0}
         for key in _STATS_ZERO:
             inference[key] = {"count": 0, "ns": 0}
-        model["batch_stats"] = []
+        entry["batch_stats"] = []
     return json.dumps(stats).encode()
 
 
@@ -153,25 +161,31 @@ class Floor(httputil.HTTPServerConnectionDelegate):
     """Every request's delegate: canned answers, an infer request counted."""
 
     def __init__(self, captured: dict[str, Any]) -> None:
+        self.model: str = captured["model"]
+        self.version: str = captured["version"]
         self.answers = {key: Answer.from_json(value)
                         for key, value in captured["answers"].items()}
         self.infer = Answer.from_json(captured["infer"])
+        self.infer_paths = {f"/v2/models/{self.model}/infer",
+                            f"/v2/models/{self.model}/versions/{self.version}/infer"}
         self.stats_template: dict[str, Any] = captured["stats"]
         self.served = 0
 
     def answer(self, method: str, path: str) -> Answer:
-        if method == "POST" and path.endswith("/infer"):
+        if method == "POST" and path in self.infer_paths:
             self.served += 1
             return self.infer
         if method == "GET" and path.endswith("/stats"):
-            body = statistics_body(self.stats_template, self.served)
-            return Answer(200, "OK", [("Content-Type", "application/json")], body)
+            body = statistics_body(self.stats_template, self.model, self.version, self.served)
+            return Answer(200, "OK", _JSON, body)
+        if method not in ("GET", "POST"):
+            return _NOT_ALLOWED
         return self.answers.get(f"{method} {path}", _NOT_FOUND)
 
     def start_request(
         self, server_conn: object, request_conn: httputil.HTTPConnection
     ) -> httputil.HTTPMessageDelegate:
-        return _Request(self, cast(Exchange, request_conn))
+        return _Request(self, cast("Exchange", request_conn))
 
 
 class _Request(httputil.HTTPMessageDelegate):
@@ -201,17 +215,37 @@ class _Request(httputil.HTTPMessageDelegate):
 
 
 async def serve(captured: dict[str, Any], address: str, port: int) -> None:
-    Http(service(Floor(captured)), address, port, "HTTPService")
+    """Serve until SIGTERM ends the process. The server's modules are imported here, not at
+    the top: ``capture`` (which the benchmark imports) needs none of them. As a front end does,
+    the heap is settled once the port listens."""
+    from server import heap
+    from server.http.endpoint import Http, service
+
+    http = Http(service(Floor(captured)), address, port, "HTTPService")
     heap.settle()
-    await asyncio.Event().wait()  # until SIGTERM ends the process
+    try:
+        await asyncio.Event().wait()
+    finally:
+        http.listener.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Capture the answers (``--capture-from``), or serve them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--answers", type=Path, required=True, help="from capture(), as JSON")
+    parser.add_argument("--answers", type=Path, required=True,
+                        help="the captured answers, as JSON (written with --capture-from)")
+    parser.add_argument("--capture-from", type=int, metavar="PORT",
+                        help="take the answers from the server on this HTTP port, then exit")
+    parser.add_argument("--model", default="simple", help="the model captured (default simple)")
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.capture_from is not None:
+        args.answers.write_text(json.dumps(capture(args.capture_from, args.model)))
+        return 0
+    from server.event_loop import run
+    from server.processes.cpu_policy import use_batch_policy
+
     captured = json.loads(args.answers.read_text())
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     use_batch_policy()

@@ -22,7 +22,7 @@ from server.cli import parse_bool
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
-_HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _METRICS_STARTED = re.compile(r"Started Metrics Service at \S+:(\d+)")
 # One intra-op thread per session: the test machines have two cores.
@@ -101,7 +101,7 @@ class ServerProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
-            http_match = _HTTP_STARTED.search(line)
+            http_match = HTTP_STARTED.search(line)
             if http_match and self.port is None:
                 self.port = int(http_match.group(1))
             metrics_match = _METRICS_STARTED.search(line)
@@ -175,13 +175,7 @@ class ServerProcess:
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request on a fresh connection: (status, headers, body)."""
         assert self.port is not None, self.log
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            conn.close()
+        return http_request(self.port, method, path, body, headers)
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM the server (this process only) and return its exit code."""
@@ -199,6 +193,23 @@ class ServerProcess:
         self.proc.wait(timeout)
         self._reader.join(5)
         return self.proc.returncode
+
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request to 127.0.0.1:``port`` on a fresh connection: (status, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
 
 
 def one_front_end() -> tuple[str, ...]:

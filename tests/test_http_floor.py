@@ -1,70 +1,100 @@
 """``scripts/http_floor.py``: answers captured from the real server are served back byte for
-byte, infer requests are counted in the statistics, anything else is 404; and the benchmark's
-budget table puts the floor, the front ends' work beyond it, the executor and the whole server
-beside issue 15's goals."""
+byte, on one connection too (kept alive, pipelined, a body in pieces), infer requests are
+counted in the statistics, anything else is refused; and the benchmark paces the floor like one
+front end and puts the budget's figures beside issue 15's goals."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from scripts.bench_vs_triton import FLOOR, SWEEP_ROW, Measurement, budget_rows
-from scripts.http_floor import capture, infer_request, statistics_body
-from tests.server_process import ROOT, ServerProcess
+from scripts.bench_vs_triton import FLOOR, SWEEP_ROW, Measurement, budget_rows, floor_rate
+from scripts.http_floor import infer_request, statistics_body
+from tests.server_process import HTTP_STARTED, ROOT, ServerProcess, http_request
 
-_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+_START_S = 30.0
 
 
 class _Floor:
-    """The floor script, started here, on a free port."""
+    """The floor script on a free port; its output read all along (a full pipe would stall
+    it), stopped by its PID."""
 
-    def __init__(self, answers: Path) -> None:
+    def __init__(self, *args: str) -> None:
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self._started = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "scripts/http_floor.py", f"--answers={answers}"],
+            [sys.executable, "scripts/http_floor.py", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._started.wait(_START_S)
+
+    def _read(self) -> None:
         assert self.proc.stdout is not None
-        self.first_line = self.proc.stdout.readline()  # "Started HTTPService at ..."
-        match = _STARTED.search(self.first_line)
-        assert match is not None, self.first_line + self.proc.stdout.read()
-        self.port = int(match.group(1))
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            match = HTTP_STARTED.search(line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._started.set()
+        self.proc.stdout.close()
+        self._started.set()  # it ended
 
-    def request(
-        self, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        assert self.port is not None, "".join(self.lines)
+        return http_request(self.port, method, path, body, headers)
+
+    def served(self) -> int:
+        stats = json.loads(self.request("GET", "/v2/models/simple/stats")[2])
+        count: int = stats["model_stats"][0]["inference_stats"]["success"]["count"]
+        return count
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(5)
 
 
 @pytest.fixture(scope="module")
-def captured(server: ServerProcess) -> dict[str, object]:
-    assert server.port is not None
-    return capture(server.port, "simple")
+def answers(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Captured by the script's own command line."""
+    path = tmp_path_factory.mktemp("floor") / "answers.json"
+    subprocess.run(
+        [sys.executable, "scripts/http_floor.py", f"--capture-from={server.port}",
+         "--model=simple", f"--answers={path}"],
+        cwd=ROOT, check=True, timeout=60,
+    )
+    return path
 
 
 @pytest.fixture(scope="module")
-def floor(
-    captured: dict[str, object], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[_Floor]:
-    answers = tmp_path_factory.mktemp("floor") / "answers.json"
-    answers.write_text(json.dumps(captured))
-    process = _Floor(answers)
+def floor(answers: Path) -> Iterator[_Floor]:
+    process = _Floor(f"--answers={answers}")
     yield process
-    process.proc.terminate()
-    process.proc.communicate(timeout=10)
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def infer(server: ServerProcess) -> tuple[bytes, dict[str, str]]:
+    """A binary infer request for ``simple``: its body and headers."""
+    body, header_length = infer_request(json.loads(server.request("GET", "/v2/models/simple")[2]))
+    return body, {"Inference-Header-Content-Length": str(header_length)}
 
 
 def test_the_captured_answers_are_served_byte_for_byte(
@@ -77,28 +107,65 @@ def test_the_captured_answers_are_served_byte_for_byte(
 
 
 def test_an_infer_request_gets_the_real_answer_and_is_counted(
-    server: ServerProcess, floor: _Floor
+    server: ServerProcess, floor: _Floor, infer: tuple[bytes, dict[str, str]]
 ) -> None:
-    metadata = json.loads(server.request("GET", "/v2/models/simple")[2])
-    body, header_length = infer_request(metadata)
-    headers = {"Inference-Header-Content-Length": str(header_length)}
-    real = server.request("POST", "/v2/models/simple/infer", body, headers)
-    before = json.loads(floor.request("GET", "/v2/models/simple/stats")[2])
-    for _ in range(3):
-        floored = floor.request("POST", "/v2/models/simple/infer", body, headers)
+    real = server.request("POST", "/v2/models/simple/infer", *infer)
+    before = floor.served()
+    for path in ("/v2/models/simple/infer", "/v2/models/simple/versions/1/infer"):
+        floored = floor.request("POST", path, *infer)
         assert (floored[0], floored[2]) == (200, real[2])
         assert floored[1]["Inference-Header-Content-Length"] == real[1][
             "Inference-Header-Content-Length"]
-    after = json.loads(floor.request("GET", "/v2/models/simple/stats")[2])
-    counts = [stats["model_stats"][0]["inference_stats"]["success"]["count"]
-              for stats in (before, after)]
-    assert counts[1] - counts[0] == 3
-    assert after["model_stats"][0]["execution_count"] == counts[1]
+    stats = json.loads(floor.request("GET", "/v2/models/simple/stats")[2])["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] - before == 2
+    assert stats["execution_count"] == stats["inference_count"] == before + 2
 
 
-def test_anything_else_is_not_found(floor: _Floor) -> None:
+def test_requests_on_one_connection_are_each_answered(
+    floor: _Floor, infer: tuple[bytes, dict[str, str]]
+) -> None:
+    """As perf_analyzer sends them: one kept-alive connection; also pipelined, and a body
+    arriving in pieces."""
+    body, headers = infer
+    request = (
+        f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: floor\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n"
+    ).encode() + body
+    before = floor.served()
+    assert floor.port is not None
+    with socket.create_connection(("127.0.0.1", floor.port), timeout=10) as sock, \
+            sock.makefile("rb") as reader:
+        for _ in range(2):  # kept alive
+            sock.sendall(request)
+            assert _answer(reader) == 200
+        sock.sendall(request * 3)  # pipelined
+        assert [_answer(reader) for _ in range(3)] == [200] * 3
+        head, half = request[: -len(body)], len(body) // 2
+        for piece in (head + body[:half], body[half:-1], body[-1:]):
+            sock.sendall(piece)
+            time.sleep(0.02)
+        assert _answer(reader) == 200
+    assert floor.served() - before == 6
+
+
+def _answer(reader: Any) -> int:
+    """Read one answer with a Content-Length; its status."""
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    reader.read(length)
+    return status
+
+
+def test_anything_else_is_refused(floor: _Floor, infer: tuple[bytes, dict[str, str]]) -> None:
     status, _, body = floor.request("GET", "/v2/models/other")
     assert status == 404 and json.loads(body) == {"error": "Not Found"}
+    assert floor.request("POST", "/v2/models/other/infer", *infer)[0] == 404
+    assert floor.request("HEAD", "/v2/models/simple")[0] == 405
+    assert floor.request("GET", "/v2/health/live")[0] == 200  # the connection still serves
 
 
 def test_a_zero_request_has_every_input_of_the_model() -> None:
@@ -118,24 +185,36 @@ def test_a_zero_request_has_every_input_of_the_model() -> None:
                        "outputs": []})
 
 
-def test_statistics_count_what_was_served_and_no_time() -> None:
-    template = {"model_stats": [{
-        "name": "simple", "version": "1", "inference_count": 9, "execution_count": 4,
-        "inference_stats": {"success": {"count": 9, "ns": 5}, "fail": {"count": 1, "ns": 2}},
-        "batch_stats": [{"batch_size": 1}],
-    }]}
-    stats = json.loads(statistics_body(template, 7))["model_stats"][0]
-    assert (stats["inference_count"], stats["execution_count"]) == (7, 7)
-    assert stats["inference_stats"]["success"] == {"count": 7, "ns": 0}
-    assert stats["inference_stats"]["compute_infer"] == {"count": 7, "ns": 0}
-    assert stats["inference_stats"]["fail"] == {"count": 0, "ns": 0}
-    assert stats["batch_stats"] == []
+def test_statistics_count_what_was_served_in_the_captured_version_only() -> None:
+    def entry(version: str) -> dict[str, Any]:
+        return {"name": "simple", "version": version, "inference_count": 9,
+                "execution_count": 4, "batch_stats": [{"batch_size": 1}],
+                "inference_stats": {"success": {"count": 9, "ns": 5},
+                                    "fail": {"count": 1, "ns": 2}}}
+
+    template = {"model_stats": [entry("1"), entry("2")]}
+    served, other = json.loads(statistics_body(template, "simple", "1", 7))["model_stats"]
+    assert (served["inference_count"], served["execution_count"]) == (7, 7)
+    assert served["inference_stats"]["success"] == {"count": 7, "ns": 0}
+    assert served["inference_stats"]["compute_infer"] == {"count": 7, "ns": 0}
+    assert served["inference_stats"]["fail"] == {"count": 0, "ns": 0}
+    assert served["batch_stats"] == []
+    assert (other["inference_count"], other["inference_stats"]["success"]["count"]) == (0, 0)
     assert template["model_stats"][0]["inference_count"] == 9  # the template is left alone
 
 
-def _measured(server: str, requests: int, **cpu_s: float) -> Measurement:
+def _measured(server: str, requests: int | None, **cpu_s: float) -> Measurement:
+    processes = {"front ends": 2} if "front ends" in cpu_s else {}
     return Measurement(server, SWEEP_ROW.key, infer_per_s=1000.0, requests=requests,
-                       cpu_s={**cpu_s, "perf_analyzer": 1.0})
+                       cpu_s={**cpu_s, "perf_analyzer": 1.0}, processes=processes)
+
+
+def test_the_floor_runs_as_busy_as_one_front_end() -> None:
+    assert floor_rate(_measured("tensorgate", 10, executor=1.0, **{"front ends": 1.0})) == 500.0
+    assert floor_rate(_measured("tensorgate", 10, **{"one process": 1.0})) == 1000.0
+    assert floor_rate(Measurement("tensorgate", SWEEP_ROW.key)) is None  # not measured
+    assert floor_rate(Measurement("tensorgate", SWEEP_ROW.key, infer_per_s=900.0,
+                                  error="perf_analyzer exited 1")) is None
 
 
 def test_the_budget_puts_each_figure_beside_its_goal() -> None:
@@ -152,7 +231,10 @@ def test_the_budget_puts_each_figure_beside_its_goal() -> None:
     ]
 
 
-def test_without_a_floor_or_a_split_the_budget_says_n_a() -> None:
+def test_without_a_floor_or_a_split_or_a_count_the_budget_says_n_a() -> None:
     rows = budget_rows([_measured("tensorgate", 1000, **{"one process": 0.2})])
     assert [row[1] for row in rows] == ["n/a", "n/a", "n/a", "200"]
     assert [row[3] for row in rows] == ["n/a", "n/a", "n/a", "met"]
+    uncounted = [_measured("tensorgate", count, executor=executor, **{"front ends": 1.0})
+                 for count, executor in ((10_000, 0.5), (None, 0.6), (10_000, 0.3))]
+    assert [row[1] for row in budget_rows(uncounted)] == ["n/a"] * 4
