@@ -1,10 +1,12 @@
 """``scripts/http_floor.py``: answers captured from the real server are served back byte for
 byte, on one connection too (kept alive, pipelined, a body in pieces), infer requests are
-counted in the statistics, anything else is refused; and the benchmark paces the floor like one
-front end and puts the budget's figures beside issue 15's goals."""
+counted in the statistics, anything else is refused; and the benchmark measures the floor after
+tensorgate in each repeat, paced like one front end, and puts the budget's figures beside issue
+15's goals."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import subprocess
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from scripts import bench_vs_triton as bench
 from scripts.bench_vs_triton import FLOOR, SWEEP_ROW, Measurement, budget_rows, floor_rate
 from scripts.http_floor import infer_request, statistics_body
 from tests.server_process import HTTP_STARTED, ROOT, ServerProcess, http_request
@@ -238,3 +241,62 @@ def test_without_a_floor_or_a_split_or_a_count_the_budget_says_n_a() -> None:
     uncounted = [_measured("tensorgate", count, executor=executor, **{"front ends": 1.0})
                  for count, executor in ((10_000, 0.5), (None, 0.6), (10_000, 0.3))]
     assert [row[1] for row in budget_rows(uncounted)] == ["n/a"] * 4
+
+
+class _FakeServer:
+    http_port = 1
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+
+def _run_with_fakes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, floor: str, rates: list[float]
+) -> list[tuple[str, str, bool, float | None]]:
+    """``bench_vs_triton.run`` over two rows and ``len(rates)`` repeats, with servers and
+    perf_analyzer faked: tensorgate (two front ends) serves ``rates`` in turn (0: its run
+    failed). What ``measure`` was asked: (label, row, warm-up, rate)."""
+    asked: list[tuple[str, str, bool, float | None]] = []
+    served = iter(rates)
+
+    def measure(settings: object, server: object, row: bench.Row, label: str,
+                warm_up: bool = False, rate: float | None = None) -> Measurement:
+        asked.append((label, row.key, warm_up, rate))
+        if label != "tensorgate" or warm_up or row is not SWEEP_ROW:
+            return Measurement(label, row.key, infer_per_s=1.0)
+        value = next(served)
+        return Measurement(label, row.key, infer_per_s=value, processes={"front ends": 2},
+                           error=None if value else "perf_analyzer exited 1")
+
+    for name in ("Triton", "Tensorgate", "HttpFloorServer"):
+        monkeypatch.setattr(bench, name, _FakeServer)
+    monkeypatch.setattr(bench, "start", lambda server, stack: server)
+    monkeypatch.setattr(bench, "write_repository", lambda base: tmp_path)
+    monkeypatch.setattr(bench, "capture", lambda port, model: {"model": model})
+    monkeypatch.setattr(bench, "measure", measure)
+    args = argparse.Namespace(
+        rows=[SWEEP_ROW, bench.ROW_KEYS["simple-grpc"]], repeat=len(rates),
+        frontends_sweep="off", floor=floor, tensorgate_args="", triton_args="",
+        triton_ref=tmp_path,
+    )
+    bench.run(args, bench.Settings(tmp_path, 100, 25, 3))
+    return asked
+
+
+def test_the_benchmark_paces_the_floor_after_tensorgate_in_each_repeat(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    asked = _run_with_fakes(monkeypatch, tmp_path, "on", [4000.0, 0.0, 5000.0])
+    floor = [(row, warm_up, rate) for label, row, warm_up, rate in asked if label == FLOOR]
+    # warmed up once, then each repeat at half tensorgate's rate; none after a failed run
+    assert floor == [(SWEEP_ROW.key, True, 1000), (SWEEP_ROW.key, False, 2000.0),
+                     (SWEEP_ROW.key, False, 2500.0)]
+    measured = [label for label, row, warm_up, _ in asked if row == SWEEP_ROW.key and not warm_up]
+    assert measured[2] == FLOOR and measured.index(FLOOR) > measured.index("tensorgate")
+
+
+def test_the_benchmark_leaves_the_floor_out_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    asked = _run_with_fakes(monkeypatch, tmp_path, "off", [4000.0])
+    assert FLOOR not in {label for label, *_ in asked}
