@@ -28,10 +28,10 @@ start (``--floor off`` leaves it out). perf_analyzer sends it requests at the ra
 tensorgate's front ends has just served (``--request-rate-range``: tensorgate's rate ÷ its front
 ends), not 8 at a time: a process's CPU per request depends on how busy it is. At concurrency 8
 the floor serves 15,000-25,000 requests/s at a third of the CPU per request it spends at 5,000/s,
-and perf_analyzer's windows stopped ending after a pass or two in half the runs. Its CPU per
+and at those rates perf_analyzer's windows often stopped ending after a pass or two. Its CPU per
 request is the protocol floor of issue 15's budget, printed beside the front ends' work beyond
-it, the executor's and the whole server's. A last table starts tensorgate afresh with ``--frontends`` 0,
-1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
+it, the executor's and the whole server's. A last table starts tensorgate afresh with
+``--frontends`` 0, 1, 2, 3 on the ``simple-http`` row, next to Triton measured in the same run.
 
     python scripts/bench_vs_triton.py [--rows simple-http,mlp-on,...] [--repeat 3]
         [--frontends-sweep on|off] [--floor on|off] [--tensorgate-args "--frontends=2"]

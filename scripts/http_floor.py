@@ -29,6 +29,7 @@ import copy
 import http.client
 import json
 import logging
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,14 +41,11 @@ if __package__ in (None, ""):  # run as a file: make the `server` package import
 
 from tornado import httputil
 
+from server.protocol.datatypes import BY_NAME
+
 if TYPE_CHECKING:
     from server.http.exchange import Exchange
 
-#: Bytes per element of the datatypes a captured infer request may have.
-_ELEMENT_BYTES = {
-    "BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
-    "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8,
-}
 #: The answer's fields kept from the real server's (its Date, as it was then).
 _KEPT_FIELDS = ("Content-Type", "Inference-Header-Content-Length", "Date")
 _STATS_COUNTED = ("success", "queue", "compute_input", "compute_infer", "compute_output")
@@ -101,13 +99,11 @@ def infer_request(metadata: dict[str, Any]) -> tuple[bytes, int]:
     inputs, blobs = [], []
     for tensor in metadata["inputs"]:
         datatype = tensor["datatype"]
-        if datatype not in _ELEMENT_BYTES:
+        known = BY_NAME.get(datatype)
+        if known is None or known.is_bytes:
             raise ValueError(f"input {tensor['name']!r}: {datatype} is not captured here")
         shape = [1 if dim < 0 else int(dim) for dim in tensor["shape"]]
-        count = 1
-        for dim in shape:
-            count *= dim
-        blobs.append(bytes(count * _ELEMENT_BYTES[datatype]))
+        blobs.append(bytes(math.prod(shape) * known.itemsize))
         inputs.append({"name": tensor["name"], "shape": shape, "datatype": datatype,
                        "parameters": {"binary_data_size": len(blobs[-1])}})
     outputs = [{"name": tensor["name"], "parameters": {"binary_data": True}}
