@@ -35,6 +35,7 @@ from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.protocol import binary, rest_codec
 from server.protocol.model_spec import ModelSpec
+from server.protocol.rest_header_cache import HeaderCache
 from server.protocol.types import InferRequest
 from server.settings import Settings
 from server.threads import OFF_LOOP_BYTES, off_loop_if_large, run_in_thread
@@ -63,6 +64,7 @@ class InferService:
         self.max_input_size = settings.http_max_input_size
         self.max_inflight_bytes = settings.http_max_inflight_bytes
         self.body_timeout_secs = settings.http_body_timeout_secs
+        self.headers = HeaderCache()
         self._date_second = -1
         self._date = ""
 
@@ -265,8 +267,8 @@ class InferExchange(httputil.HTTPMessageDelegate):
         if spec.decoupled:  # Triton's refusal (http_server.cc): decoupled models need gRPC streams
             raise Unsupported(DECOUPLED_REFUSED)
         request = await off_loop_if_large(
-            _decoding_cost(len(body), header_length, spec), _decode, body, header_length, model,
-            version, spec, service.max_input_size,
+            _decoding_cost(len(body), header_length, spec), _decode, service.headers, body,
+            header_length, model, version, spec, service.max_input_size,
         )
         self._request_id = request.id
         request.trace = TraceContext("HTTP", *self._received, self._headers.get("traceparent", ""))
@@ -393,6 +395,7 @@ def _decoding_cost(body_size: int, header_length: int | None, spec: ModelSpec) -
 
 
 def _decode(
+    headers: HeaderCache,
     body: memoryview,
     header_length: int | None,
     model: str,
@@ -401,9 +404,14 @@ def _decode(
     max_data_bytes: int,
 ) -> InferRequest:
     """The request in ``body``: raw binary (a header length of 0), or a JSON header and the
-    binary tensors after it (whose JSON data may decode to at most ``max_data_bytes``)."""
+    binary tensors after it (whose JSON data may decode to at most ``max_data_bytes``; a
+    header seen before is not decoded again, see ``HeaderCache``)."""
     if header_length == 0:
         return rest_codec.decode_raw_request(body, spec, version)
-    split = len(body) if header_length is None else header_length
-    header = rest_codec.parse_json(body[:split], "inference request")
-    return rest_codec.decode_request(header, body[split:], model, version, spec, max_data_bytes)
+    if header_length is not None:
+        return headers.decode(
+            body[:header_length], body[header_length:], model, version, spec, max_data_bytes
+        )
+    header = rest_codec.parse_json(body, "inference request")
+    return rest_codec.decode_request(header, body[len(body):], model, version, spec,
+                                     max_data_bytes)

@@ -129,11 +129,7 @@ def decode_request(
     for raw in raw_inputs:
         tensor, offset = _decode_input(raw, binary, offset, model_name, spec, budget, request_id)
         inputs.append(tensor)
-    if offset != len(binary):
-        raise InvalidArgument(
-            f"unexpected additional input data for model '{model_name}': {len(binary) - offset} "
-            "bytes after the last binary input"
-        )
+    check_binary_consumed(binary, offset, model_name)
     # An empty output list asks for every output, as in Triton (and gRPC cannot tell them apart).
     outputs = _decode_outputs(header) if header.get("outputs", []) != [] else None
     return InferRequest(model_name, model_version, inputs, outputs, request_id, params)
@@ -202,25 +198,50 @@ def _decode_input(
                 f"Unable to parse 'binary_data_size' of input '{name}': expected a non-negative "
                 "integer"
             )
-        if offset + size > len(binary):
-            if not binary:
-                raise InvalidArgument(
-                    "must specify valid 'Infer-Header-Content-Length' in request header and "
-                    "'binary_data_size' when passing inputs in binary data format"
-                )
-            raise InvalidArgument(
-                f"unexpected size for input '{name}', expecting {size} additional bytes for "
-                f"model '{model}'"
-            )
-        data = tensor_from_bytes(
-            binary[offset : offset + size], datatype, shape, name, model, request_id
-        )
-        return InputTensor(name, datatype, shape, data, params), offset + size
+        return binary_input(name, datatype, shape, params, size, binary, offset, model,
+                            request_id)
     if "data" not in raw:
         raise InvalidArgument(f"input '{name}' has neither 'data' nor 'binary_data_size'")
     budget.take(datatype, shape, name)
     data = json_codec.decode_data(raw["data"], datatype, shape, name)
     return InputTensor(name, datatype, shape, data, params), offset
+
+
+def binary_input(
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    params: dict[str, Any],
+    size: int,
+    binary: memoryview,
+    offset: int,
+    model: str,
+    request_id: str | None,
+) -> tuple[InputTensor, int]:
+    """The input whose ``size`` bytes start at ``offset`` of ``binary``, and the offset after
+    them; refused if the body is too short or the bytes do not make the tensor."""
+    if offset + size > len(binary):
+        if not binary:
+            raise InvalidArgument(
+                "must specify valid 'Infer-Header-Content-Length' in request header and "
+                "'binary_data_size' when passing inputs in binary data format"
+            )
+        raise InvalidArgument(
+            f"unexpected size for input '{name}', expecting {size} additional bytes for "
+            f"model '{model}'"
+        )
+    view = binary[offset : offset + size]
+    data = tensor_from_bytes(view, datatype, shape, name, model, request_id)
+    return InputTensor(name, datatype, shape, data, params), offset + size
+
+
+def check_binary_consumed(binary: memoryview, offset: int, model: str) -> None:
+    """Refuse bytes left after the last binary input."""
+    if offset != len(binary):
+        raise InvalidArgument(
+            f"unexpected additional input data for model '{model}': {len(binary) - offset} "
+            "bytes after the last binary input"
+        )
 
 
 def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput]:

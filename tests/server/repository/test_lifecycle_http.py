@@ -66,6 +66,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ["first", "second", "cycle", "reload_me", "files_m", "keep"],
     )
     add_identity(root, "cfg", max_batch_size=8)
+    add_identity(root, "recheck", max_batch_size=8)
     return root
 
 
@@ -207,6 +208,24 @@ def test_load_with_config_override_beats_config_pbtxt(
     client.load_model("cfg")
     assert client.get_model_config("cfg")["max_batch_size"] == 8
     assert snapshot(repo) == before
+
+
+def test_a_repeated_request_is_checked_against_the_reloaded_config(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """The same JSON header, sent again, is decoded once (``HeaderCache``) but checked against
+    the config of the model as loaded now."""
+    client.load_model("recheck", config=identity_config(3))
+    for start in (0.0, 10.0):
+        np.testing.assert_array_equal(
+            infer_identity(client, "recheck", rows(3, start)), rows(3, start)
+        )
+    client.load_model("recheck", config=identity_config(2))
+    error = client_error(infer_identity, client, "recheck", rows(3))
+    assert str(error.status()) == "400"
+    assert "batch-size must be <= 2" in str(error)
+    client.load_model("recheck")
+    np.testing.assert_array_equal(infer_identity(client, "recheck", rows(3, 5.0)), rows(3, 5.0))
 
 
 def test_reload_with_changed_config_switches_without_failing_requests(
