@@ -412,6 +412,5 @@ def _decode(
         return headers.decode(
             body[:header_length], body[header_length:], model, version, spec, max_data_bytes
         )
-    header = rest_codec.parse_json(body, "inference request")
-    return rest_codec.decode_request(header, body[len(body):], model, version, spec,
-                                     max_data_bytes)
+    header = rest_codec.parse_json(body, "inference request")  # all JSON: no binary part
+    return rest_codec.decode_request(header, body[:0], model, version, spec, max_data_bytes)
