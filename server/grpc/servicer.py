@@ -32,6 +32,7 @@ from server.grpc.stream_window import StreamWindow
 from server.memory.host_pool import HostBuffer, HostBufferPool, PooledBuffer
 from server.plane import Plane
 from server.protocol import grpc_codec
+from server.protocol.header_cache import HeaderCache, decode_grpc
 from server.protocol.model_spec import ModelSpec
 from server.protocol.streaming import EMPTY_FINAL_PARAMETER
 from server.protocol.types import InferRequest, InferResponse
@@ -64,12 +65,14 @@ def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
 
 
 def _decode(
+    headers: HeaderCache,
     request: pb.ModelInferRequest,
     spec: ModelSpec,
     raw: list[memoryview] | None,
     pinned: HostBuffer | None,
 ) -> InferRequest:
-    """``grpc_codec.decode_request``, after copying the raw inputs into ``pinned`` (once)."""
+    """``grpc_codec.decode_request``, after copying the raw inputs into ``pinned`` (once); a
+    header seen before is not decoded again (``HeaderCache``)."""
     if pinned is not None and raw is not None:
         views = []
         offset = 0
@@ -79,7 +82,7 @@ def _decode(
             views.append(pinned.view[offset:end])
             offset = end
         raw = views
-    return grpc_codec.decode_request(request, spec, raw)
+    return decode_grpc(headers, request, spec, raw)
 
 
 def _release(buffer: PooledBuffer, _: object) -> None:
@@ -163,6 +166,7 @@ class InferenceServicer:
         """``pool`` supplies pinned buffers for the raw inputs when the server has a GPU."""
         self._dataplane = dataplane
         self._pool = pool
+        self._headers = HeaderCache()
 
     @_unary
     async def ServerLive(
@@ -299,7 +303,9 @@ class InferenceServicer:
         try:
             # The copy into pinned memory, typed contents and BYTES elements (converted one
             # by one) are work of the size of the message: off the loop when large.
-            decoded = await off_loop_if_large(size, _decode, request, spec, raw, pinned)
+            decoded = await off_loop_if_large(
+                size, _decode, self._headers, request, spec, raw, pinned
+            )
         except BaseException:
             if pinned is not None:
                 pinned.release()

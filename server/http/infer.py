@@ -34,8 +34,8 @@ from server.http.exchange import Exchange
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.protocol import binary, rest_codec
+from server.protocol.header_cache import HeaderCache, decode_rest
 from server.protocol.model_spec import ModelSpec
-from server.protocol.rest_header_cache import HeaderCache
 from server.protocol.types import InferRequest
 from server.settings import Settings
 from server.threads import OFF_LOOP_BYTES, off_loop_if_large, run_in_thread
@@ -409,8 +409,9 @@ def _decode(
     if header_length == 0:
         return rest_codec.decode_raw_request(body, spec, version)
     if header_length is not None:
-        return headers.decode(
-            body[:header_length], body[header_length:], model, version, spec, max_data_bytes
+        return decode_rest(
+            headers, body[:header_length], body[header_length:], model, version, spec,
+            max_data_bytes,
         )
     header = rest_codec.parse_json(body, "inference request")  # all JSON: no binary part
     return rest_codec.decode_request(header, body[:0], model, version, spec, max_data_bytes)

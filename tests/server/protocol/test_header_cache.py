@@ -1,4 +1,4 @@
-"""Unit tests for server.protocol.rest_header_cache: a repeated header, decoded once."""
+"""Unit tests for server.protocol.header_cache: a repeated header, decoded once (HTTP, gRPC)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 from google.protobuf import text_format
 
 from server.errors import InvalidArgument
+from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
+from server.protocol import grpc_codec
+from server.protocol.header_cache import MAX_HEADER, HeaderCache, decode_grpc, decode_rest
 from server.protocol.model_spec import ModelSpec
 from server.protocol.rest_codec import decode_request, parse_json
-from server.protocol.rest_header_cache import MAX_HEADER, HeaderCache
 from server.protocol.types import InferRequest
 
 
@@ -55,7 +57,8 @@ def _binary(first: int, flags: bytes = b"\x01\x00", text: bytes = b"abc") -> byt
 
 def _decode(cache: HeaderCache, header: bytes, binary: bytes, spec: ModelSpec = SPEC,
             model: str = "m", version: str = "1") -> InferRequest:
-    return cache.decode(memoryview(header), memoryview(binary), model, version, spec, 1 << 20)
+    return decode_rest(cache, memoryview(header), memoryview(binary), model, version, spec,
+                       1 << 20)
 
 
 def _uncached(header: bytes, binary: bytes, spec: ModelSpec = SPEC) -> InferRequest:
@@ -192,3 +195,133 @@ def test_the_oldest_header_is_dropped_when_full() -> None:
     for n, header in enumerate(headers):
         assert _decode(cache, header, _binary(0)).id == str(n)
     assert len(cache) == 2
+
+
+# ---- gRPC ----------------------------------------------------------------------------------
+
+
+def _message(first: int = 0, *, flags: bytes = b"\x01\x00", text: bytes = b"abc",
+             request_id: str = "", raw: list[bytes] | None = None) -> bytes:
+    message = pb.ModelInferRequest(model_name="m", model_version="1", id=request_id)
+    message.parameters["custom"].string_param = "yes"
+    for name, datatype, shape in (("A", "INT32", [1, 4]), ("B", "BOOL", [1, 2]),
+                                  ("S", "BYTES", [1, 1])):
+        tensor = message.inputs.add(name=name, datatype=datatype, shape=shape)
+        tensor.parameters["note"].string_param = name
+    message.outputs.add(name="Y")
+    words = np.arange(first, first + 4, dtype=np.int32).tobytes()
+    contents = raw if raw is not None else [words, flags, len(text).to_bytes(4, "little") + text]
+    message.raw_input_contents.extend(contents)
+    return message.SerializeToString()
+
+
+def _grpc(cache: HeaderCache, data: bytes, spec: ModelSpec = SPEC,
+          split: bool = False) -> InferRequest:
+    """Decoded as the servicer does: a small message parsed whole, or a large one split."""
+    message, raw = grpc_codec.split_request(data, whole_if_small=not split)
+    return decode_grpc(cache, message, spec, raw)
+
+
+def _grpc_uncached(data: bytes, spec: ModelSpec = SPEC) -> InferRequest:
+    return grpc_codec.decode_request(pb.ModelInferRequest.FromString(data), spec)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_grpc_a_repeated_header_decodes_as_the_first_did_with_the_new_bytes(split: bool) -> None:
+    cache = HeaderCache()
+    first = _grpc(cache, _message(0, request_id="r1"), split=split)
+    assert len(cache) == 1
+    second = _grpc(cache, _message(100, flags=b"\x00\x01", text=b"xyz", request_id="r1"),
+                   split=split)
+    assert len(cache) == 1
+    _same(first, _grpc_uncached(_message(0, request_id="r1")))
+    _same(second, _grpc_uncached(_message(100, flags=b"\x00\x01", text=b"xyz",
+                                          request_id="r1")))
+    assert second.inputs[0].data.tolist() == [[100, 101, 102, 103]]
+    assert second.inputs[2].data.tolist() == [[b"xyz"]]
+    assert first.inputs[0].data.tolist() == [[0, 1, 2, 3]]
+    assert second.parameters == {"custom": "yes"} and second.id == "r1"
+    assert _grpc(cache, _message(0, request_id="r2"), split=split).id == "r2"  # another key
+    assert len(cache) == 2
+
+
+def test_grpc_every_request_gets_its_own_parameters_and_outputs() -> None:
+    cache = HeaderCache()
+    first = _grpc(cache, _message(0))
+    first.parameters["custom"] = "changed"
+    first.inputs[0].parameters["note"] = "changed"
+    assert first.outputs is not None
+    first.outputs.clear()
+    second = _grpc(cache, _message(0))
+    _same(second, _grpc_uncached(_message(0)))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [b"\x00" * 12, b"\x01\x00", b"\x03\x00\x00\x00abc"],  # INT32 bytes short
+        [b"\x00" * 16, b"\x02\x00", b"\x03\x00\x00\x00abc"],  # not a BOOL
+        [b"\x00" * 16, b"\x01\x00", b"\x09\x00\x00\x00abc"],  # a BYTES length past the end
+        [b"\x00" * 16, b"\x01\x00"],  # one entry missing
+        [b"\x00" * 16, b"\x01\x00", b"\x03\x00\x00\x00abc", b""],  # one too many
+    ],
+)
+def test_grpc_a_repeated_header_refuses_bad_contents_as_a_first_decode_does(
+    raw: list[bytes],
+) -> None:
+    cache = HeaderCache()
+    _grpc(cache, _message(0, request_id="r9"))  # now known
+    bad = _message(request_id="r9", raw=raw)
+    with pytest.raises(InvalidArgument) as uncached:
+        _grpc_uncached(bad)
+    with pytest.raises(InvalidArgument) as cached:
+        _grpc(cache, bad)
+    assert str(cached.value) == str(uncached.value)
+    assert len(cache) == 1
+    _same(_grpc(cache, _message(5, request_id="r9")), _grpc_uncached(_message(5, request_id="r9")))
+
+
+def test_grpc_typed_contents_and_regions_are_decoded_every_time() -> None:
+    cache = HeaderCache()
+    typed = pb.ModelInferRequest(model_name="m")
+    tensor = typed.inputs.add(name="A", datatype="INT32", shape=[1, 4])
+    tensor.contents.int_contents.extend([1, 2, 3, 4])
+    data = typed.SerializeToString()
+    assert _grpc(cache, data).inputs[0].data.tolist() == [[1, 2, 3, 4]]
+    in_region = pb.ModelInferRequest(model_name="m")
+    tensor = in_region.inputs.add(name="A", datatype="INT32", shape=[1, 4])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 16
+    in_region.inputs.add(name="B", datatype="BOOL", shape=[1, 2])
+    in_region.raw_input_contents.append(b"\x01\x00")
+    request = _grpc(cache, in_region.SerializeToString())
+    assert request.inputs[0].shared_memory is not None
+    assert request.inputs[1].data.tolist() == [[True, False]]
+    assert len(cache) == 0
+
+
+def test_grpc_a_reloaded_model_decodes_the_header_against_its_new_spec() -> None:
+    cache = HeaderCache()
+    _grpc(cache, _message(0))
+    with pytest.raises(InvalidArgument, match="unexpected shape for input 'A'"):
+        _grpc(cache, _message(0), _spec(dims="[ 3 ]"))
+    again = _spec()
+    _same(_grpc(cache, _message(3), again), _grpc_uncached(_message(3), again))
+
+
+def test_grpc_without_a_spec_nothing_is_kept() -> None:
+    cache = HeaderCache()
+    message, raw = grpc_codec.split_request(_message(0))
+    assert decode_grpc(cache, message, None, raw).inputs[0].data.tolist() == [[0, 1, 2, 3]]
+    assert len(cache) == 0
+
+
+def test_grpc_parameters_in_another_order_are_the_same_header() -> None:
+    cache = HeaderCache()
+    names = [f"p{n}" for n in range(12)]
+    for order in (names, names[::-1]):
+        message = pb.ModelInferRequest.FromString(_message(0))
+        for name in order:
+            message.parameters[name].int64_param = 1
+        _grpc(cache, message.SerializeToString())
+    assert len(cache) == 1
