@@ -18,9 +18,12 @@ elements too), then, over HTTP, the bytes left over.
   serialized deterministically (2 µs with the parse, against 15 µs of decoding). Kept only when
   every input is in ``raw_input_contents``.
 
-Headers longer than ``MAX_HEADER`` bytes are decoded every time; at most ``CAPACITY`` are kept,
-the oldest dropped first. A plan holds its spec and is used only with that very spec: after a
-model is loaded again its requests are decoded anew.
+A header is kept the second time it is seen: requests that each carry their own header (an id
+per request, a sequence's flags) then cost a lookup and a note, not a plan each. Headers longer
+than ``MAX_HEADER`` bytes, and those with a parameter whose value is a JSON array or object (a
+request's own, which it may change), are decoded every time; at most ``CAPACITY`` are kept, the
+oldest dropped first. A plan holds its spec and is used only with that very spec: after a model
+is loaded again its requests are decoded anew.
 """
 
 from __future__ import annotations
@@ -76,11 +79,18 @@ class HeaderPlan:
         cls, request: InferRequest, spec: ModelSpec, refusal_id: str | None, binary: bool
     ) -> HeaderPlan | None:
         """The plan of a decoded request, or None if it has an input whose data is not bytes
-        sent with it (``binary``: HTTP's binary data, each sized by its parameters)."""
+        sent with it (``binary``: HTTP's binary data, each sized by its parameters) or a
+        parameter whose value could be changed in place."""
+        if not _flat(request.parameters) or any(
+            not _flat(output.parameters) for output in request.outputs or ()
+        ):
+            return None
         inputs = []
         for tensor in request.inputs:
             size = tensor.parameters.get("binary_data_size") if binary else -1
             if tensor.shared_memory is not None or type(size) is not int:
+                return None
+            if not _flat(tensor.parameters):
                 return None
             inputs.append(_Input(tensor.name, tensor.datatype, tensor.shape,
                                  dict(tensor.parameters), size))
@@ -127,12 +137,15 @@ class HeaderPlan:
 
 
 class HeaderCache:
-    """Plans by header (and model), the oldest dropped past ``capacity``. Safe to use from the
-    loop and from the threads that decode large requests."""
+    """Plans by header (and model), the oldest dropped past ``capacity``; headers seen once,
+    as many. Safe to use from the loop and from the threads that decode large requests."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"a header cache holds at least one header, not {capacity}")
         self._capacity = capacity
         self._plans: dict[tuple[str, str, bytes], HeaderPlan] = {}
+        self._seen: dict[tuple[str, str, bytes], None] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -143,14 +156,21 @@ class HeaderCache:
         plan = self._plans.get(key)
         return plan if plan is not None and plan.spec is spec else None
 
+    def seen_before(self, key: tuple[str, str, bytes]) -> bool:
+        """Whether ``key`` was looked up and missed before (or has a plan for another spec);
+        noted now if not."""
+        if key in self._plans or key in self._seen:
+            return True
+        with self._lock:
+            _add(self._seen, key, None, self._capacity)
+        return False
+
     def keep(self, key: tuple[str, str, bytes], plan: HeaderPlan | None) -> None:
         if plan is None:
             return
         with self._lock:
-            self._plans.pop(key, None)  # a stale plan (another spec) is replaced
-            if len(self._plans) >= self._capacity:
-                del self._plans[next(iter(self._plans))]
-            self._plans[key] = plan
+            self._seen.pop(key, None)
+            _add(self._plans, key, plan, self._capacity)
 
 
 def decode_rest(
@@ -173,7 +193,8 @@ def decode_rest(
         return plan.bind_binary(binary, model, version)
     request = decode_request(parse_json(header, "inference request"), binary, model, version,
                              spec, max_data_bytes)
-    cache.keep(key, HeaderPlan.of(request, spec, request.id, binary=True))
+    if cache.seen_before(key):
+        cache.keep(key, HeaderPlan.of(request, spec, request.id, binary=True))
     return request
 
 
@@ -200,8 +221,27 @@ def decode_grpc(
     if plan is not None and len(plan.inputs) == len(raw):
         return plan.bind_raw(raw, message.model_name, message.model_version)
     request = grpc_codec.decode_request(message, spec, raw)
-    cache.keep(key, HeaderPlan.of(request, spec, message.id, binary=False))
+    if cache.seen_before(key):
+        cache.keep(key, HeaderPlan.of(request, spec, message.id, binary=False))
     return request
+
+
+def _add(entries: dict[Any, Any], key: Any, value: Any, capacity: int) -> None:
+    """Put ``key`` last in ``entries`` (a stale entry is replaced), the oldest dropped past
+    ``capacity``."""
+    entries.pop(key, None)
+    if len(entries) >= capacity:
+        del entries[next(iter(entries))]
+    entries[key] = value
+
+
+def _flat(parameters: dict[str, Any]) -> bool:
+    """No value is a list or a dict (JSON's arrays and objects), which a request could change
+    in place: shallow copies are then copies."""
+    for value in parameters.values():  # a loop: no generator per parameter set
+        if type(value) is list or type(value) is dict:
+            return False
+    return True
 
 
 def _copy(output: RequestedOutput) -> RequestedOutput:
