@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,15 @@ import pytest
 from server import logs
 from tests.model_repos import build_datatype_repository
 from tests.server_process import EXAMPLES, ServerProcess, start_server
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Servers under test take SIGINT as a terminal sends it, also when the suite was started
+    in the background: there SIGINT is ignored, every child inherits that, and a server that
+    finds it ignored keeps it so (as it should), so the tests that stop one with SIGINT would
+    wait in vain. A handler, unlike "ignored", is not inherited across exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
