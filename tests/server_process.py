@@ -22,7 +22,7 @@ from server.cli import parse_bool
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
-HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
+_HTTP_STARTED = re.compile(r"Started HTTPService at \S+:(\d+)")
 _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _METRICS_STARTED = re.compile(r"Started Metrics Service at \S+:(\d+)")
 # One intra-op thread per session: the test machines have two cores.
@@ -60,24 +60,28 @@ class ServerProcess:
         args: list[str],
         timeout: float = 60.0,
         probe_headers: dict[str, str] | None = None,
+        script: str | None = None,
     ) -> None:
         """``probe_headers``: sent with the liveness probe that ends the start-up (a restricted
-        health API needs its header)."""
+        health API needs its header). ``script``: a script of the repository to run with
+        ``args`` instead of the server, one that serves HTTP only and logs its port as the
+        server does (``scripts/http_floor.py``)."""
         self._probe_headers = probe_headers
         self.lines: list[str] = []
         self.port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
-        self._want_http = _flag_enabled(args, "--allow-http")
-        self._want_grpc = _flag_enabled(args, "--allow-grpc")
+        self._want_http = script is not None or _flag_enabled(args, "--allow-http")
+        self._want_grpc = script is None and _flag_enabled(args, "--allow-grpc")
         # The suites run in both process layouts: TENSORGATE_TEST_FRONTENDS=0 (one process),
         # or N front ends and an executor; unset, the server's own default.
         frontends = os.environ.get("TENSORGATE_TEST_FRONTENDS")
-        if frontends is not None and not any(a.startswith("--frontends") for a in args):
+        if (frontends is not None and script is None
+                and not any(a.startswith("--frontends") for a in args)):
             args = [*args, f"--frontends={frontends}"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", *args],
+            [sys.executable, *(["-m", "server"] if script is None else [script]), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -101,7 +105,7 @@ class ServerProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
-            http_match = HTTP_STARTED.search(line)
+            http_match = _HTTP_STARTED.search(line)
             if http_match and self.port is None:
                 self.port = int(http_match.group(1))
             metrics_match = _METRICS_STARTED.search(line)
@@ -175,7 +179,13 @@ class ServerProcess:
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request on a fresh connection: (status, headers, body)."""
         assert self.port is not None, self.log
-        return http_request(self.port, method, path, body, headers)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM the server (this process only) and return its exit code."""
@@ -193,23 +203,6 @@ class ServerProcess:
         self.proc.wait(timeout)
         self._reader.join(5)
         return self.proc.returncode
-
-
-def http_request(
-    port: int,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP request to 127.0.0.1:``port`` on a fresh connection: (status, headers, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        conn.close()
 
 
 def one_front_end() -> tuple[str, ...]:

@@ -11,7 +11,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,56 +21,16 @@ import pytest
 from scripts import bench_vs_triton as bench
 from scripts.bench_vs_triton import FLOOR, SWEEP_ROW, Measurement, budget_rows, floor_rate
 from scripts.http_floor import infer_request, statistics_body
-from tests.server_process import HTTP_STARTED, ROOT, ServerProcess, http_request
+from tests.server_process import ROOT, ServerProcess
 
-_START_S = 30.0
+FLOOR_SCRIPT = "scripts/http_floor.py"
 
 
-class _Floor:
-    """The floor script on a free port; its output read all along (a full pipe would stall
-    it), stopped by its PID."""
-
-    def __init__(self, *args: str) -> None:
-        self.lines: list[str] = []
-        self.port: int | None = None
-        self._started = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "scripts/http_floor.py", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self._started.wait(_START_S)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            match = HTTP_STARTED.search(line)
-            if match and self.port is None:
-                self.port = int(match.group(1))
-                self._started.set()
-        self.proc.stdout.close()
-        self._started.set()  # it ended
-
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        assert self.port is not None, "".join(self.lines)
-        return http_request(self.port, method, path, body, headers)
-
-    def served(self) -> int:
-        stats = json.loads(self.request("GET", "/v2/models/simple/stats")[2])
-        count: int = stats["model_stats"][0]["inference_stats"]["success"]["count"]
-        return count
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
+def _served(floor: ServerProcess) -> int:
+    """The infer requests the floor has counted."""
+    stats = json.loads(floor.request("GET", "/v2/models/simple/stats")[2])
+    count: int = stats["model_stats"][0]["inference_stats"]["success"]["count"]
+    return count
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +38,7 @@ def answers(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> 
     """Captured by the script's own command line."""
     path = tmp_path_factory.mktemp("floor") / "answers.json"
     subprocess.run(
-        [sys.executable, "scripts/http_floor.py", f"--capture-from={server.port}",
+        [sys.executable, FLOOR_SCRIPT, f"--capture-from={server.port}",
          "--model=simple", f"--answers={path}"],
         cwd=ROOT, check=True, timeout=60,
     )
@@ -87,8 +46,9 @@ def answers(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def floor(answers: Path) -> Iterator[_Floor]:
-    process = _Floor(f"--answers={answers}")
+def floor(answers: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess([f"--answers={answers}"], script=FLOOR_SCRIPT)
+    assert process.port is not None, process.log
     yield process
     process.stop()
 
@@ -101,7 +61,7 @@ def infer(server: ServerProcess) -> tuple[bytes, dict[str, str]]:
 
 
 def test_the_captured_answers_are_served_byte_for_byte(
-    server: ServerProcess, floor: _Floor
+    server: ServerProcess, floor: ServerProcess
 ) -> None:
     for path in ("/v2/health/ready", "/v2/models/simple", "/v2/models/simple/config"):
         real, floored = server.request("GET", path), floor.request("GET", path)
@@ -110,10 +70,10 @@ def test_the_captured_answers_are_served_byte_for_byte(
 
 
 def test_an_infer_request_gets_the_real_answer_and_is_counted(
-    server: ServerProcess, floor: _Floor, infer: tuple[bytes, dict[str, str]]
+    server: ServerProcess, floor: ServerProcess, infer: tuple[bytes, dict[str, str]]
 ) -> None:
     real = server.request("POST", "/v2/models/simple/infer", *infer)
-    before = floor.served()
+    before = _served(floor)
     for path in ("/v2/models/simple/infer", "/v2/models/simple/versions/1/infer"):
         floored = floor.request("POST", path, *infer)
         assert (floored[0], floored[2]) == (200, real[2])
@@ -125,7 +85,7 @@ def test_an_infer_request_gets_the_real_answer_and_is_counted(
 
 
 def test_requests_on_one_connection_are_each_answered(
-    floor: _Floor, infer: tuple[bytes, dict[str, str]]
+    floor: ServerProcess, infer: tuple[bytes, dict[str, str]]
 ) -> None:
     """As perf_analyzer sends them: one kept-alive connection; also pipelined, and a body
     arriving in pieces."""
@@ -134,7 +94,7 @@ def test_requests_on_one_connection_are_each_answered(
         f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: floor\r\nContent-Length: {len(body)}\r\n"
         f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n"
     ).encode() + body
-    before = floor.served()
+    before = _served(floor)
     assert floor.port is not None
     with socket.create_connection(("127.0.0.1", floor.port), timeout=10) as sock, \
             sock.makefile("rb") as reader:
@@ -148,7 +108,7 @@ def test_requests_on_one_connection_are_each_answered(
             sock.sendall(piece)
             time.sleep(0.02)
         assert _answer(reader) == 200
-    assert floor.served() - before == 6
+    assert _served(floor) - before == 6
 
 
 def _answer(reader: Any) -> int:
@@ -163,7 +123,7 @@ def _answer(reader: Any) -> int:
     return status
 
 
-def test_anything_else_is_refused(floor: _Floor, infer: tuple[bytes, dict[str, str]]) -> None:
+def test_anything_else_is_refused(floor: ServerProcess, infer: tuple[bytes, dict[str, str]]) -> None:
     status, _, body = floor.request("GET", "/v2/models/other")
     assert status == 404 and json.loads(body) == {"error": "Not Found"}
     assert floor.request("POST", "/v2/models/other/infer", *infer)[0] == 404
