@@ -70,14 +70,10 @@ class HeaderPlan:
     inputs: tuple[_Input, ...]
     outputs: tuple[RequestedOutput, ...] | None
     request_id: str | None
-    #: the id refusals name (gRPC's is the message's, "" when it has none)
-    refusal_id: str | None
     parameters: dict[str, Any]
 
     @classmethod
-    def of(
-        cls, request: InferRequest, spec: ModelSpec, refusal_id: str | None, binary: bool
-    ) -> HeaderPlan | None:
+    def of(cls, request: InferRequest, spec: ModelSpec, binary: bool) -> HeaderPlan | None:
         """The plan of a decoded request, or None if it has an input whose data is not bytes
         sent with it (``binary``: HTTP's binary data, each sized by its parameters) or a
         parameter whose value could be changed in place."""
@@ -97,8 +93,7 @@ class HeaderPlan:
         outputs = None
         if request.outputs is not None:
             outputs = tuple(_copy(o) for o in request.outputs)
-        return cls(spec, tuple(inputs), outputs, request.id, refusal_id,
-                   dict(request.parameters))
+        return cls(spec, tuple(inputs), outputs, request.id, dict(request.parameters))
 
     def bind_binary(self, binary: memoryview, model: str, version: str) -> InferRequest:
         """HTTP: a new request, this header's inputs over the binary part of a body."""
@@ -107,7 +102,7 @@ class HeaderPlan:
         for item in self.inputs:
             tensor, offset = binary_input(
                 item.name, item.datatype, item.shape, dict(item.parameters), item.size, binary,
-                offset, model, self.refusal_id,
+                offset, model, self.request_id,
             )
             inputs.append(tensor)
         check_binary_consumed(binary, offset, model)
@@ -122,7 +117,7 @@ class HeaderPlan:
             InputTensor(
                 item.name, item.datatype, item.shape,
                 tensor_from_bytes(memoryview(raw), item.datatype, item.shape, item.name, model,
-                                  self.refusal_id),
+                                  self.request_id),
                 dict(item.parameters),
             )
             for item, raw in zip(self.inputs, contents, strict=True)
@@ -194,7 +189,7 @@ def decode_rest(
     request = decode_request(parse_json(header, "inference request"), binary, model, version,
                              spec, max_data_bytes)
     if cache.seen_before(key):
-        cache.keep(key, HeaderPlan.of(request, spec, request.id, binary=True))
+        cache.keep(key, HeaderPlan.of(request, spec, binary=True))
     return request
 
 
@@ -222,7 +217,7 @@ def decode_grpc(
         return plan.bind_raw(raw, message.model_name, message.model_version)
     request = grpc_codec.decode_request(message, spec, raw)
     if cache.seen_before(key):
-        cache.keep(key, HeaderPlan.of(request, spec, message.id, binary=False))
+        cache.keep(key, HeaderPlan.of(request, spec, binary=False))
     return request
 
 
