@@ -123,7 +123,9 @@ def _answer(reader: Any) -> int:
     return status
 
 
-def test_anything_else_is_refused(floor: ServerProcess, infer: tuple[bytes, dict[str, str]]) -> None:
+def test_anything_else_is_refused(
+    floor: ServerProcess, infer: tuple[bytes, dict[str, str]]
+) -> None:
     status, _, body = floor.request("GET", "/v2/models/other")
     assert status == 404 and json.loads(body) == {"error": "Not Found"}
     assert floor.request("POST", "/v2/models/other/infer", *infer)[0] == 404
