@@ -45,6 +45,7 @@ from server.protocol.datatypes import BY_NAME
 
 if TYPE_CHECKING:
     from server.http.exchange import Exchange
+    from server.http.headers import RequestHeaders
 
 #: The answer's fields kept from the real server's (its Date, as it was then).
 _KEPT_FIELDS = ("Content-Type", "Inference-Header-Content-Length", "Date")
@@ -153,8 +154,9 @@ def statistics_body(template: dict[str, Any], model: str, version: str, served: 
     return json.dumps(stats).encode()
 
 
-class Floor(httputil.HTTPServerConnectionDelegate):
-    """Every request's delegate: canned answers, an infer request counted."""
+class Floor:
+    """What the port serves (a ``server.http.delegates.ConnectionDelegate``, as ``Routes``):
+    canned answers, an infer request counted."""
 
     def __init__(self, captured: dict[str, Any]) -> None:
         self.model: str = captured["model"]
@@ -178,13 +180,14 @@ class Floor(httputil.HTTPServerConnectionDelegate):
             return _NOT_ALLOWED
         return self.answers.get(f"{method} {path}", _NOT_FOUND)
 
-    def start_request(
-        self, server_conn: object, request_conn: httputil.HTTPConnection
-    ) -> httputil.HTTPMessageDelegate:
+    def start_request(self, server_conn: object, request_conn: httputil.HTTPConnection) -> _Request:
         return _Request(self, cast("Exchange", request_conn))
 
+    def on_close(self, server_conn: object) -> None:
+        pass
 
-class _Request(httputil.HTTPMessageDelegate):
+
+class _Request:
     """One request: its body is dropped as it comes, the answer written once it is in."""
 
     def __init__(self, floor: Floor, connection: Exchange) -> None:
@@ -193,12 +196,7 @@ class _Request(httputil.HTTPMessageDelegate):
         self._method = ""
         self._path = ""
 
-    def headers_received(
-        self,
-        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
-        headers: httputil.HTTPHeaders,
-    ) -> None:
-        assert isinstance(start_line, httputil.RequestStartLine)
+    def headers_received(self, start_line: httputil.RequestStartLine, headers: RequestHeaders) -> None:
         self._method, self._path = start_line.method, start_line.path.partition("?")[0]
 
     def data_received(self, chunk: bytes) -> None:
@@ -208,6 +206,9 @@ class _Request(httputil.HTTPMessageDelegate):
         answer = self._floor.answer(self._method, self._path)
         self._connection.write_answer(answer.code, answer.reason, answer.fields, answer.body)
         self._connection.finish()
+
+    def on_connection_close(self) -> None:
+        pass
 
 
 async def serve(captured: dict[str, Any], address: str, port: int) -> None:

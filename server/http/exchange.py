@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tornado import httputil
 from tornado.log import app_log, gen_log
 
+from server.http.headers import RequestHeaders
+
 if TYPE_CHECKING:
     from server.http.connection import HttpConnection
+    from server.http.delegates import RequestDelegate
 
 _CR_OR_LF = re.compile(b"\r|\n")
 _CONTINUE = b"HTTP/1.1 100 (Continue)\r\n\r\n"
@@ -37,11 +40,11 @@ class Exchange(httputil.HTTPConnection):
         self,
         connection: HttpConnection,
         start_line: httputil.RequestStartLine,
-        headers: httputil.HTTPHeaders,
+        headers: RequestHeaders,
     ) -> None:
         self.connection = connection
         self.context = connection.context
-        self.delegate: httputil.HTTPMessageDelegate | None = None
+        self.delegate: RequestDelegate | None = None
         self._start_line = start_line
         self._headers = headers
         service = connection.service
@@ -289,7 +292,7 @@ class Exchange(httputil.HTTPConnection):
         return self.connection.closing()
 
 
-def _can_keep_alive(start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
+def _can_keep_alive(start_line: httputil.RequestStartLine, headers: RequestHeaders) -> bool:
     """Tornado's rule (``HTTP1Connection._can_keep_alive``)."""
     connection = headers.get("Connection")
     if connection is not None:

@@ -1,6 +1,6 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer``: streamed body in, JSON + binary out.
 
-Served by an ``HTTPMessageDelegate`` of its own, below ``tornado.web`` (on the connections of
+Served by a request delegate of its own (``server.http.delegates``), below ``tornado.web`` (on the connections of
 ``server.http.connection``): a ``RequestHandler``
 costs about 100 µs of CPU per request (its Task, header dict, ``prepare`` future, routing,
 transforms, ``flush``), half as much as everything else about a small request. The answers are
@@ -31,6 +31,7 @@ from server.errors import InferenceServerError, InvalidArgument, Unsupported, re
 from server.http import body as http_body
 from server.http.base import log
 from server.http.exchange import Exchange
+from server.http.headers import RequestHeaders
 from server.memory.host_pool import BufferSource
 from server.plane import Plane
 from server.protocol import binary, rest_codec
@@ -49,7 +50,7 @@ INFER_PATH = re.compile(MODEL_PATH + "/infer$")
 _SMALL_RESPONSE = 1 << 16  # below this, header and blobs go out in one write
 _DRAIN_BYTES = 64 << 20  # an oversize body up to this much over the limit is read and dropped
 _OK = httputil.ResponseStartLine("HTTP/1.1", 200, "OK")
-_NO_HEADERS = httputil.HTTPHeaders()  # (never changed)
+_NO_HEADERS = RequestHeaders()
 
 
 #: Triton's answer to an HTTP inference request for a decoupled model (UNSUPPORTED).
@@ -78,7 +79,7 @@ class InferService:
         return self._date
 
 
-class InferExchange(httputil.HTTPMessageDelegate):
+class InferExchange:
     """One infer request on one connection, from its headers to the end of its answer."""
 
     def __init__(
@@ -113,11 +114,8 @@ class InferExchange(httputil.HTTPMessageDelegate):
     # --- receiving ------------------------------------------------------------------------
 
     def headers_received(
-        self,
-        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
-        headers: httputil.HTTPHeaders,
+        self, start_line: httputil.RequestStartLine, headers: RequestHeaders
     ) -> None:
-        assert isinstance(start_line, httputil.RequestStartLine)
         self._request_line = start_line
         self._headers = headers
         # Told when the client goes away while its answer is being made.
@@ -133,7 +131,7 @@ class InferExchange(httputil.HTTPMessageDelegate):
         except Exception as exc:  # noqa: BLE001 - a fault here is answered like any other
             self._send_error(reported(exc, log, f"on POST {start_line.path}"))
 
-    def _prepare(self, headers: httputil.HTTPHeaders) -> None:
+    def _prepare(self, headers: RequestHeaders) -> None:
         limit = self._service.max_input_size
         length: int | None = None
         try:

@@ -16,7 +16,9 @@ from server import restricted
 from server.errors import InferenceServerError
 from server.http import categories
 from server.http.base import BaseHandler, NotFoundHandler, RefusedHandler
+from server.http.delegates import RequestDelegate, TornadoRequest
 from server.http.exchange import Exchange
+from server.http.headers import RequestHeaders
 from server.http.infer import INFER_PATH, MODEL_PATH, InferExchange, InferService
 from server.http.logging_settings import LoggingHandler
 from server.http.metadata import (
@@ -80,9 +82,9 @@ def make_app(dataplane: Plane, settings: Settings) -> tornado.web.Application:
     )
 
 
-class Routes(httputil.HTTPServerConnectionDelegate):
-    """What an ``HTTPServer`` serves: infer requests through ``InferExchange``, the rest
-    through the application."""
+class Routes:
+    """What the API port serves (a ``ConnectionDelegate``): infer requests through
+    ``InferExchange``, the rest through the application."""
 
     def __init__(self, dataplane: Plane, settings: Settings, pool: BufferSource) -> None:
         self.app = make_app(dataplane, settings)
@@ -109,28 +111,25 @@ class Routes(httputil.HTTPServerConnectionDelegate):
 
     def start_request(
         self, server_conn: object, request_conn: httputil.HTTPConnection
-    ) -> httputil.HTTPMessageDelegate:
+    ) -> RequestDelegate:
         return _Dispatch(self, server_conn, cast(Exchange, request_conn))
 
     def on_close(self, server_conn: object) -> None:
         self.app.on_close(server_conn)
 
 
-class _Dispatch(httputil.HTTPMessageDelegate):
+class _Dispatch:
     """Picks the delegate for one request once its start line is known, then forwards to it."""
 
     def __init__(self, routes: Routes, server_conn: object, conn: Exchange) -> None:
         self._routes = routes
         self._server_conn = server_conn
         self._conn = conn
-        self._delegate: httputil.HTTPMessageDelegate | None = None
+        self._delegate: RequestDelegate | None = None
 
     def headers_received(
-        self,
-        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
-        headers: httputil.HTTPHeaders,
+        self, start_line: httputil.RequestStartLine, headers: RequestHeaders
     ) -> Awaitable[None] | None:
-        assert isinstance(start_line, httputil.RequestStartLine)
         routes = self._routes
         target = start_line.path.partition("?")[0]
         # Restricted APIs are refused before anything else is looked at (as Triton does),
@@ -144,11 +143,11 @@ class _Dispatch(httputil.HTTPMessageDelegate):
         if path is not None and start_line.method == "POST":
             self._delegate = InferExchange(routes.infer, self._conn, path, refusal)
         elif refusal is not None:
-            self._delegate = routes.refused(
-                self._server_conn, self._conn, start_line, headers, refusal
-            )
+            self._delegate = TornadoRequest(routes.refused(
+                self._server_conn, self._conn, start_line, headers.tornado(), refusal
+            ))
         else:
-            self._delegate = routes.app.start_request(self._server_conn, self._conn)
+            self._delegate = TornadoRequest(routes.app.start_request(self._server_conn, self._conn))
         return self._delegate.headers_received(start_line, headers)
 
     def data_received(self, chunk: bytes) -> Awaitable[None] | None:

@@ -24,6 +24,7 @@ from server.errors import NotFound
 from server.generated import model_config_pb2 as mc
 from server.http.endpoint import service as http_service
 from server.http.exchange import Exchange
+from server.http.headers import RequestHeaders
 from server.http.infer import INFER_PATH, InferExchange, InferService, _decoding_cost
 from server.http.server import Routes
 from server.listener import Listener
@@ -296,7 +297,11 @@ def _received(plane: FakePlane, pool: HostBufferPool, connection: _Connection) -
     head, _, body = infer_request().partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     start_line = httputil.parse_request_start_line(lines[0])
-    headers = httputil.HTTPHeaders.parse("\r\n".join(lines[1:]))
+    fields = []
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        fields.append((name.encode(), value.strip().encode()))
+    headers = RequestHeaders(fields)
     path = INFER_PATH.match(start_line.path)
     assert path is not None
     exchange = InferExchange(service, cast(Exchange, connection), path)
