@@ -196,7 +196,9 @@ class _Request:
         self._method = ""
         self._path = ""
 
-    def headers_received(self, start_line: httputil.RequestStartLine, headers: RequestHeaders) -> None:
+    def headers_received(
+        self, start_line: httputil.RequestStartLine, headers: RequestHeaders
+    ) -> None:
         self._method, self._path = start_line.method, start_line.path.partition("?")[0]
 
     def data_received(self, chunk: bytes) -> None:

@@ -16,6 +16,7 @@ from server.dataplane import DataPlane
 from server.errors import InferenceServerError
 from server.grpc.server import GrpcServer
 from server.http import endpoint
+from server.http.delegates import TornadoDelegate
 from server.http.endpoint import Http, start_http
 from server.http.metrics import make_metrics_app
 from server.memory.device_pool import DevicePools
@@ -184,7 +185,7 @@ def start_metrics(settings: Settings, dataplane: DataPlane, pool: HostBufferPool
         )
 
     http = Http(
-        endpoint.service(make_metrics_app(page)),
+        endpoint.service(TornadoDelegate(make_metrics_app(page))),
         settings.metrics_address,
         settings.metrics_port,
         "Metrics Service",

@@ -1,9 +1,10 @@
 """What the connections of ``server.http.connection`` hand requests to.
 
 Tornado's delegate interface, with the request's headers as ``RequestHeaders`` (cheaper to
-build and read: ``server.http.headers``). ``Routes`` and the infer path take them as they are;
-a Tornado delegate (an ``Application``: the metrics port, Routes' other routes) is served
-through ``TornadoDelegate``, which hands it Tornado's ``HTTPHeaders`` of the same fields.
+build and read: ``server.http.headers``). ``Routes`` and the infer path take them as they are.
+Tornado's own delegates get Tornado's ``HTTPHeaders`` of the same fields: an ``Application``
+serving a port (the metrics port) through ``TornadoDelegate``, and the application behind
+``Routes``, for its routes, through ``TornadoRequest``.
 """
 
 from __future__ import annotations

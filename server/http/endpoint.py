@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 import socket
 
-from tornado import httputil
 from tornado.netutil import bind_sockets
 
 from server.http.connection import HttpService
-from server.http.delegates import ConnectionDelegate, TornadoDelegate
+from server.http.delegates import ConnectionDelegate
 from server.http.server import Routes
 from server.listener import Listener
 from server.memory.host_pool import BufferSource
@@ -42,16 +41,14 @@ class Http:
 
 
 def service(
-    delegate: ConnectionDelegate | httputil.HTTPServerConnectionDelegate,
+    delegate: ConnectionDelegate,
     max_body_size: int = 100 << 20,
     max_header_size: int = 65536,
     idle_timeout_secs: float = DEFAULT_IDLE_TIMEOUT_SECS,
     body_timeout_secs: float | None = None,
 ) -> HttpService:
-    """Connections served with Tornado's defaults unless told otherwise; a Tornado delegate
-    (an ``Application``) is given Tornado's headers."""
-    if isinstance(delegate, httputil.HTTPServerConnectionDelegate):
-        delegate = TornadoDelegate(delegate)
+    """Connections served with Tornado's defaults unless told otherwise (a Tornado
+    ``Application`` as ``delegates.TornadoDelegate(app)``)."""
     return HttpService(
         delegate, max_body_size=max_body_size, max_header_size=max_header_size,
         idle_timeout_secs=idle_timeout_secs or DEFAULT_IDLE_TIMEOUT_SECS,

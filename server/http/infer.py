@@ -1,9 +1,9 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer``: streamed body in, JSON + binary out.
 
-Served by a request delegate of its own (``server.http.delegates``), below ``tornado.web`` (on the connections of
-``server.http.connection``): a ``RequestHandler``
-costs about 100 µs of CPU per request (its Task, header dict, ``prepare`` future, routing,
-transforms, ``flush``), half as much as everything else about a small request. The answers are
+Served by a request delegate of its own (``server.http.delegates``), below ``tornado.web``
+(on the connections of ``server.http.connection``): a ``RequestHandler`` costs about 100 µs
+of CPU per request (its Task, header dict, ``prepare`` future, routing, transforms,
+``flush``), half as much as everything else about a small request. The answers are
 the ones a handler would write: the same status lines, headers, ``{"error": ...}`` bodies and
 access log lines; every other route (and every other method on this one) is left to the
 Tornado application (``server.http.server``).

@@ -20,6 +20,7 @@ import tornado.web
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 
 from scripts import make_models
+from server.http.delegates import TornadoDelegate
 from server.http.endpoint import service
 from server.listener import PAUSE_SECS, Listener
 from tests.server.http.helpers import parse_raw_response, read_response
@@ -58,7 +59,8 @@ def test_a_failing_accept_pauses_and_resumes(caplog: pytest.LogCaptureFixture, c
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         sock.setblocking(False)
-        listener = Listener(service(tornado.web.Application([("/", _Hello)])), [sock], "test")
+        app = tornado.web.Application([("/", _Hello)])
+        listener = Listener(service(TornadoDelegate(app)), [sock], "test")
         started = time.monotonic()
         reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -17,6 +17,7 @@ from tornado.netutil import bind_sockets
 
 from server import event_loop
 from server.http.connection import HttpService
+from server.http.delegates import TornadoDelegate
 from server.http.endpoint import service
 from server.listener import Listener
 
@@ -79,6 +80,12 @@ class _Stream(tornado.web.RequestHandler):
         self.write(b"streamed " + b"".join(self.pieces))
 
 
+class _Headers(tornado.web.RequestHandler):
+    def get(self) -> None:
+        headers = self.request.headers
+        self.write(",".join(headers.get_list("X-Many")) + "|" + headers["Accept"])
+
+
 @tornado.web.stream_request_body
 class _Refuse(tornado.web.RequestHandler):
     """Answers before the body has come, as the infer path does when it has no room for it."""
@@ -91,13 +98,13 @@ class _Refuse(tornado.web.RequestHandler):
 def _app() -> tornado.web.Application:
     return tornado.web.Application([
         ("/echo", _Echo), ("/slow", _Slow), ("/chunked", _Chunked), ("/views", _Views),
-        ("/hang", _Hang), ("/stream", _Stream), ("/refuse", _Refuse),
+        ("/hang", _Hang), ("/stream", _Stream), ("/refuse", _Refuse), ("/headers", _Headers),
     ])
 
 
 @asynccontextmanager
 async def serving(**limits: float) -> AsyncIterator[tuple[HttpService, int]]:
-    http = service(_app(), **limits)  # type: ignore[arg-type]
+    http = service(TornadoDelegate(_app()), **limits)  # type: ignore[arg-type]
     listener = Listener(http, bind_sockets(0, "127.0.0.1"), "test")
     try:
         yield http, listener.port
@@ -156,6 +163,22 @@ def test_keep_alive_serves_many_requests_on_one_connection() -> None:
         status, headers, body = await read_answer(reader)
         assert headers["Connection"] == "close"
         assert await reader.read() == b""  # closed after the answer
+        writer.close()
+
+    run(scenario)
+
+
+def test_the_application_sees_every_header_line() -> None:
+    """Tornado's handlers get Tornado's headers: a name sent twice keeps both lines, values
+    are latin-1 and lose the spaces around them."""
+    async def scenario(port: int) -> None:
+        reader, writer = await exchange(
+            port,
+            b"GET /headers HTTP/1.1\r\nHost: x\r\nX-Many: a\r\nx-many: b \r\n"
+            b"Accept: \xe9t\xe9\r\n\r\n",
+        )
+        status, _, body = await read_answer(reader)
+        assert (status, body.decode()) == ("HTTP/1.1 200 OK", "a,b|\xe9t\xe9")
         writer.close()
 
     run(scenario)

@@ -52,3 +52,13 @@ def test_no_fields() -> None:
     headers = RequestHeaders()
     assert headers.get("Host") is None and "Host" not in headers
     assert list(headers.tornado().get_all()) == []
+
+
+def test_values_lose_the_spaces_around_them_and_may_be_empty() -> None:
+    fields = [(b"Connection", b"close \t"), (b"X-Empty", b""), (b"X-Two", b""), (b"X-Two", b"a ")]
+    ours = RequestHeaders(fields)
+    assert ours.get("connection") == "close"
+    assert ours.get("X-Empty") == "" and "x-empty" in ours
+    assert ours.get("x-two") == ",a"
+    built = ours.tornado()  # (Tornado refuses a repeated value with a trailing space)
+    assert built.get_list("X-Two") == ["", "a"] and built["Connection"] == "close"

@@ -174,6 +174,26 @@ def test_one_connection_serves_infer_and_the_application_in_turn() -> None:
     run(scenario)
 
 
+def test_header_names_in_any_case_and_values_with_spaces_around_are_read() -> None:
+    """The infer path reads its headers by name in any case, each value without the spaces
+    around it: lower-case names, and ``close`` with a trailing space, still close."""
+    async def scenario(served: Served) -> None:
+        head, _, body = infer_request(extra="CONNECTION:  close \r\n").partition(b"\r\n\r\n")
+        request_line, *fields = head.split(b"\r\n")
+        lowered = [name.lower() + b":" + value for name, _, value in
+                   (field.partition(b":") for field in fields)]
+        reader, writer = await served.connect()
+        writer.write(b"\r\n".join([request_line, *lowered]) + b"\r\n\r\n" + body)
+        status, headers, answer = await read_answer(reader)
+        assert status == 200, answer
+        assert answer[int(headers["Inference-Header-Content-Length"]):] == DATA
+        assert headers["Connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+    run(scenario)
+
+
 async def serves_a_good_request(served: Served) -> None:
     """The server still answers a valid request, on a fresh connection."""
     reader, writer = await served.connect()
