@@ -18,6 +18,11 @@ Two cells, each timed ``--repeat`` times, each server in turn:
   process blocks between requests, as an executor does at low load. The code is the same; only
   the block in between differs.
 
+Beside them, ``sleep alone``: the same wait on the loop's timer with no request at all, which
+is what blocking and waking up costs this process on this machine whatever it runs. On our
+2-core VMs it is tens of µs, and the code run after each wake-up costs several times what it
+costs pipelined (its caches are cold): the ``after idle`` cell holds both.
+
 Figures are CPU µs per request of this process (driver included, the same for both servers).
 They are for people, never a CI gate.
 
@@ -266,14 +271,30 @@ def check_answer(body: bytes, first: np.ndarray, second: np.ndarray) -> None:
             raise SystemExit(f"bench_executor: wrong {name}: {got}")
 
 
-async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
-    """µs per request for each cell and server, one figure per repeat."""
+async def sleep_alone(count: int, gap_s: float) -> float:
+    """CPU seconds of this process per wait of ``gap_s`` on the loop's timer, nothing else run
+    (as the driver waits between the ``after idle`` cell's requests)."""
+    loop = asyncio.get_running_loop()
+    began = time.process_time()
+    for _ in range(count):
+        waited: asyncio.Future[None] = loop.create_future()
+        loop.call_later(gap_s, waited.set_result, None)
+        await waited
+    return (time.process_time() - began) / count
+
+
+async def measure(
+    args: argparse.Namespace,
+) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+    """µs per request for each cell and server, and µs per ``sleep alone``, one figure per
+    repeat."""
     frames, first, second = infer_frames(args.requests)
     warm_frames = frames[: min(len(frames), 200)]
     cells = {"pipelined": (args.depth, 0.0), "after idle": (1, args.gap_us / 1e6)}
     figures: dict[str, dict[str, list[float]]] = {
         cell: {"executor": [], "floor": []} for cell in cells
     }
+    sleeps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as folder:
         executor = ExecutorUnderTest(Path(folder))
         await executor.start()
@@ -292,12 +313,15 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]
                         per_request, body = await drive(await opener(), frames, depth, gap_s)
                         check_answer(body, first, second)
                         figures[cell][name].append(per_request * 1e6)
+                sleeps.append(await sleep_alone(args.requests, args.gap_us / 1e6) * 1e6)
         finally:
             await executor.close()
-    return figures
+    return figures, sleeps
 
 
-def report(figures: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> str:
+def report(
+    figures: dict[str, dict[str, list[float]]], sleeps: list[float], args: argparse.Namespace
+) -> str:
     rows = []
     for cell, by_server in figures.items():
         executor, floor = by_server["executor"], by_server["floor"]
@@ -320,11 +344,15 @@ def report(figures: dict[str, dict[str, list[float]]], args: argparse.Namespace)
         f"each answer; {args.requests} requests per run. Issue 15's budget for the executor: "
         f"{BUDGET_US:.0f} µs per unbatched small request."
     )
+    alone = (
+        f"sleep alone (a {args.gap_us} µs wait on the loop's timer, no request): "
+        f"{min(sleeps):.1f} / {statistics.median(sleeps):.1f} µs of this process's CPU per wait."
+    )
     machine = (
         f"{facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, ONNX Runtime "
         f"{facts['onnxruntime']}, load average {facts['load_average_1min']}."
     )
-    return "\n".join([title, "", markdown_table(header, rows), "", cells, machine])
+    return "\n".join([title, "", markdown_table(header, rows), "", alone, cells, machine])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.repeat, args.requests, args.depth) < 1 or args.gap_us < 1:
         parser.error("--repeat, --requests, --depth and --gap-us must be positive")
-    figures = asyncio.run(measure(args))
-    print(report(figures, args))
+    figures, sleeps = asyncio.run(measure(args))
+    print(report(figures, sleeps, args))
     if args.json is not None:
-        args.json.write_text(json.dumps({"figures": figures, "args": vars(args) | {"json": None}},
-                                        indent=2))
+        args.json.write_text(json.dumps(
+            {"figures": figures, "sleep_alone": sleeps, "args": vars(args) | {"json": None}},
+            indent=2,
+        ))
     return 0
 
 

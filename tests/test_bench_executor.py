@@ -1,5 +1,5 @@
-"""``scripts/bench_executor.py`` runs end to end: both cells, both servers, each answer it
-checks being the example model's (the script exits non-zero on a wrong one)."""
+"""``scripts/bench_executor.py`` runs end to end: both cells, both servers and the sleep alone,
+each answer it checks being the example model's (the script exits non-zero on a wrong one)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ def test_the_benchmark_prints_its_table(tmp_path: Path) -> None:
             if line.startswith("| ") and not line.startswith("| cell")]
     assert rows == ["pipelined", "after idle"]
     assert "4 in flight; after idle: one at a time, 50 µs after each answer" in result.stdout
-    recorded = json.loads(figures.read_text())["figures"]
+    assert "sleep alone (a 50 µs wait on the loop's timer, no request): " in result.stdout
+    written = json.loads(figures.read_text())
+    assert len(written["sleep_alone"]) == 2 and all(value > 0 for value in written["sleep_alone"])
+    recorded = written["figures"]
     for cell in ("pipelined", "after idle"):
         for server in ("executor", "floor"):
             assert len(recorded[cell][server]) == 2
