@@ -253,7 +253,7 @@ class Call:
             self.finish(*self._refusal)  # (which stops the timer, if this is not it)
 
     def _run(self, coroutine: Any) -> None:
-        task = eager.start(coroutine)
+        task = eager.start(coroutine, self.connection.loop)
         if task is not None:
             self.task = task
             task.add_done_callback(self._handler_done)

@@ -127,7 +127,7 @@ class Http2Connection(Http2Control):
         # window has not been given back for.
         self._recv_window = CONNECTION_WINDOW
         self._recv_unacked = 0
-        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self.closed: asyncio.Future[None] = self.loop.create_future()
 
     # --- the transport --------------------------------------------------------------------
 

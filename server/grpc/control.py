@@ -41,7 +41,7 @@ class Http2Control(Http2Streams):
         self._schedule_keepalive()
         age = keepalive.connection_age_s(self._keepalive_flags)
         if age is not None:
-            self._timers["age"] = self._loop.call_later(age, self._too_old)
+            self._timers["age"] = self.loop.call_later(age, self._too_old)
 
     def _stop_timers(self) -> None:
         for timer in self._timers.values():
@@ -160,10 +160,10 @@ class Http2Control(Http2Streams):
         self.go_away()
         grace = keepalive.connection_age_grace_s(self._keepalive_flags)
         if grace is not None:
-            self._timers["grace"] = self._loop.call_later(grace, self.close, True)
+            self._timers["grace"] = self.loop.call_later(grace, self.close, True)
 
     def _schedule_keepalive(self) -> None:
-        self._timers["keepalive"] = self._loop.call_later(
+        self._timers["keepalive"] = self.loop.call_later(
             self._keepalive.interval_s, self._keepalive_due
         )
 
@@ -171,7 +171,7 @@ class Http2Control(Http2Streams):
         if not self._ping_sent and self._keepalive.may_ping(not self._streams):
             self._ping_sent = True
             self._write(frames.ping(b"\x00" * 8, ack=False))
-            self._timers["ping timeout"] = self._loop.call_later(
+            self._timers["ping timeout"] = self.loop.call_later(
                 self._keepalive.timeout_s, self._keepalive_lost
             )
         self._schedule_keepalive()

@@ -43,7 +43,7 @@ class Http2Streams(asyncio.BufferedProtocol):
     """The streams (``Call``) of one connection and the server's side of its windows."""
 
     def __init__(self, keepalive_flags: GrpcKeepalive) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._streams: dict[int, Call] = {}
         self._last_stream = 0
@@ -102,7 +102,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         if self._transport is None:
             return False
         self._batch = []
-        self._loop.call_soon(self._write_batch)
+        self.loop.call_soon(self._write_batch)
         return True
 
     def _write(self, data: bytes | memoryview) -> None:
@@ -143,7 +143,7 @@ class Http2Streams(asyncio.BufferedProtocol):
             transport.abort()
             return
         transport.close()
-        self._loop.call_later(CLOSE_GRACE_S, _abort_if_open, transport)
+        self.loop.call_later(CLOSE_GRACE_S, _abort_if_open, transport)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -215,7 +215,7 @@ class Http2Streams(asyncio.BufferedProtocol):
         self._flush(call)
         if call.sent >= call.queued or call.local_closed:
             return None
-        written: asyncio.Future[None] = self._loop.create_future()
+        written: asyncio.Future[None] = self.loop.create_future()
         call.waiters.append((call.queued, written))
         return written
 

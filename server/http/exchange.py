@@ -43,6 +43,7 @@ class Exchange(httputil.HTTPConnection):
         headers: RequestHeaders,
     ) -> None:
         self.connection = connection
+        self.loop = connection.loop
         self.context = connection.context
         self.delegate: RequestDelegate | None = None
         self._start_line = start_line
@@ -99,7 +100,7 @@ class Exchange(httputil.HTTPConnection):
         if self._body_timeout is not None and (
             length not in (None, "0") or "Transfer-Encoding" in headers
         ):
-            self._body_timer = self.connection.loop.call_later(
+            self._body_timer = self.loop.call_later(
                 self._body_timeout, self._body_timed_out
             )
 

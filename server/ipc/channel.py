@@ -89,7 +89,7 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         self._queued: list[bytes] = []  # sent before the transport existed
         self._gathered: list[bytes] = []  # frames held (by tasks this pass, or a hold)
         self._holds = 0  # open ``hold`` calls: what is sent is gathered until the last ends
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self.closed = False
 
     async def attach(self, sock: socket.socket) -> None:
@@ -97,7 +97,7 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         a message that arrives at once can be answered through it, and what is sent before
         the transport exists waits for it."""
         sock.setblocking(False)
-        await self._loop.connect_accepted_socket(lambda: self, sock)
+        await self.loop.connect_accepted_socket(lambda: self, sock)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -114,9 +114,9 @@ class Channel(asyncio.BufferedProtocol, Generic[Message]):
         frame = _LENGTH.pack(len(body)) + body
         if self._gathered or self._holds:
             self._gathered.append(frame)
-        elif self._gather and asyncio.current_task() is not None:
+        elif self._gather and asyncio.current_task(self.loop) is not None:
             self._gathered.append(frame)
-            self._loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         else:
             self._transport.write(frame)
 

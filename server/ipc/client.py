@@ -139,7 +139,7 @@ class ExecutorClient:
         """Send ``message``; the future of its answer."""
         if not self._connected or self._channel is None:
             raise Unavailable(EXECUTOR_GONE)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._channel.loop.create_future()
         self._pending[call_id] = future
         self._channel.send(message)
         return future
@@ -296,7 +296,7 @@ class ExecutorClient:
             return
         if call_id not in self._pending or self._channel is None:
             return
-        future = self._pending[call_id] = asyncio.get_running_loop().create_future()
+        future = self._pending[call_id] = self._channel.loop.create_future()
         self._channel.send(m.Cancel(call_id))
         while not future.done():
             try:

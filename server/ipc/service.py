@@ -89,6 +89,8 @@ class _Connection:
 
 class ExecutorService:
     def __init__(self, dataplane: DataPlane, output_arena_bytes: int) -> None:
+        """Made on the loop that serves the front ends (kept: see ``eager``)."""
+        self._loop = asyncio.get_running_loop()
         self._dataplane = dataplane
         self._output_bytes = output_arena_bytes
         self._connections: set[_Connection] = set()
@@ -102,11 +104,10 @@ class ExecutorService:
 
     async def serve(self, listener: socket.socket) -> None:
         """Accept front ends on ``listener`` until cancelled."""
-        loop = asyncio.get_running_loop()
         listener.setblocking(False)
         while True:
-            sock, _ = await loop.sock_accept(listener)
-            task = asyncio.create_task(self._welcome(sock))
+            sock, _ = await self._loop.sock_accept(listener)
+            task = self._loop.create_task(self._welcome(sock))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
@@ -174,7 +175,7 @@ class ExecutorService:
     def _on_message(self, connection: _Connection, message: m.ToExecutor) -> None:
         if isinstance(message, m.Infer):
             # Most small requests are answered within this step: no task for them.
-            task = eager.start(self._infer(connection, message))
+            task = eager.start(self._infer(connection, message), self._loop)
             if task is not None:
                 connection.tasks[message.id] = task
                 task.add_done_callback(lambda done: self._finished(connection, message.id, done))
@@ -183,7 +184,7 @@ class ExecutorService:
             if running is not None:
                 # After the step already scheduled: a request that has not started yet first
                 # reaches its queue, so it is counted as CANCELED there, as in one process.
-                asyncio.get_running_loop().call_soon(running.cancel)
+                self._loop.call_soon(running.cancel)
         elif isinstance(message, m.Release):
             for offset in message.offsets:
                 try:
@@ -191,7 +192,7 @@ class ExecutorService:
                 except ValueError:
                     log.error("front end %d released unknown block %d", connection.index, offset)
         elif isinstance(message, m.Call):
-            task = asyncio.create_task(self._call(connection, message))
+            task = self._loop.create_task(self._call(connection, message))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
         elif isinstance(message, m.Sent):
@@ -339,7 +340,7 @@ class ExecutorService:
         waiting: dict[int, asyncio.Future[None]] = {}
         for connection in list(self._connections):
             self._next_ack += 1
-            waiting[self._next_ack] = asyncio.get_running_loop().create_future()
+            waiting[self._next_ack] = self._loop.create_future()
             connection.send(message(self._next_ack))
         if not wait:
             return

@@ -152,6 +152,8 @@ class DynamicBatcher(Runners):
         }
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        #: the loop the batching task runs on, kept (looking it up is a system call: ``eager``)
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._released_in_order: deque[_Pending] = deque()
         self._buffers: dict[int, dict[str, np.ndarray]] = {}
         self._running: set[asyncio.Task[None]] = set()
@@ -218,6 +220,7 @@ class DynamicBatcher(Runners):
             and (not timeout_us or job.timeout_us < timeout_us)
         ):
             timeout_us = job.timeout_us
+        loop = self._start()
         # The statistics' stamp first, then the delay's: a pause between them (a collection,
         # the thread preempted) can then only make the counted queue time longer than the
         # delay waited, never shorter. (The other way round, with shape_key between them, a
@@ -232,12 +235,11 @@ class DynamicBatcher(Runners):
             enqueued_ns=enqueued_ns,
             deadline=now + timeout_us / 1e6 if timeout_us else None,
             delay_on_timeout=queue_policy.delay_on_timeout,
-            result=asyncio.get_running_loop().create_future(),
+            result=loop.create_future(),
         )
         self._queues[level].append(pending)
         if self._policy.preserve_ordering:
             self._released_in_order.append(pending)
-        self._start()
         self._notify()
         return pending
 
@@ -254,10 +256,13 @@ class DynamicBatcher(Runners):
     def _all_queued(self) -> list[_Pending]:
         return [p for q in (*self._queues.values(), *self._delayed.values()) for p in q]
 
-    def _start(self) -> None:
-        if self._task is None or self._task.done():
+    def _start(self) -> asyncio.AbstractEventLoop:
+        """Start the batching task if it is not running; the loop it runs on."""
+        if self._task is None or self._task.done() or self._event_loop is None:
+            self._event_loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self._name}")
+            self._task = self._event_loop.create_task(self._loop(), name=f"batcher-{self._name}")
+        return self._event_loop
 
     def _notify(self) -> None:
         if self._wake is not None:
@@ -385,7 +390,8 @@ class DynamicBatcher(Runners):
             (queue if pending in queue else self._delayed[pending.level]).remove(pending)
             pending.dispatched = True
             pending.job.times.queue_ns = started - pending.enqueued_ns
-        task = asyncio.create_task(self._run(runner, batch, started))
+        assert self._event_loop is not None  # (a batch is only formed by the running task)
+        task = self._event_loop.create_task(self._run(runner, batch, started))
         self._running.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._running.discard)
 

@@ -22,7 +22,7 @@ def test_a_coroutine_that_never_waits_finishes_in_the_call_without_a_task() -> N
 
     async def main() -> None:
         before = len(asyncio.all_tasks())
-        assert eager.start(work()) is None
+        assert eager.start(work(), asyncio.get_running_loop()) is None
         assert seen == ["inside"]
         assert VAR.get() == "unset"  # its context was a copy
         assert len(asyncio.all_tasks()) == before
@@ -42,7 +42,7 @@ def test_a_coroutine_that_waits_goes_on_in_a_task_with_its_results_and_context()
 
     async def main() -> None:
         future = asyncio.get_running_loop().create_future()
-        task = eager.start(work(future))
+        task = eager.start(work(future), asyncio.get_running_loop())
         assert task is not None
         assert steps == ["started"]  # the first step ran in the call
         future.set_result(7)
@@ -63,8 +63,8 @@ def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_ta
 
     async def main() -> None:
         with pytest.raises(ValueError, match="first"):
-            eager.start(fails_at_once())
-        task = eager.start(fails_later())
+            eager.start(fails_at_once(), asyncio.get_running_loop())
+        task = eager.start(fails_later(), asyncio.get_running_loop())
         assert task is not None
         with pytest.raises(ValueError, match="later"):
             await task
@@ -89,7 +89,7 @@ def test_cancelling_the_task_cancels_what_the_coroutine_waits_on(taken_over: boo
 
     async def main() -> None:
         future = asyncio.get_running_loop().create_future()
-        task = eager.start(work(future))
+        task = eager.start(work(future), asyncio.get_running_loop())
         assert task is not None
         if taken_over:
             await asyncio.sleep(0)

@@ -288,6 +288,7 @@ class _Connection:
     context = None
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.close_callback: Callable[[], None] | None = None
         self.answers: list[tuple[int, bytes]] = []
         self.finished = False
