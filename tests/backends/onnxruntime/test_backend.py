@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from backends.base import ModelInstance, Placement, TensorInfo
-from backends.onnxruntime.backend import OnnxRuntimeBackend
+from backends.onnxruntime.backend import NO_SPINNING, OnnxRuntimeBackend
 from scripts import make_models
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
@@ -225,6 +225,16 @@ def test_config_parameters_are_applied(
     instance = _load(backend, identity_models["FP32"], _config("p", "FP32", extra=extra))
     data = np.ones((1, 2), dtype=np.float32)
     assert instance.execute({"INPUT0": data}, ["OUTPUT0"])["OUTPUT0"].tolist() == [[1.0, 1.0]]
+
+
+def test_no_session_spins_whatever_its_thread_counts(
+    backend: OnnxRuntimeBackend, identity_models: dict[str, Path]
+) -> None:
+    extra = 'parameters { key: "intra_op_thread_count" value { string_value: "2" } }'
+    instance = _load(backend, identity_models["FP32"], _config("p", "FP32", extra=extra))
+    options = instance._session.get_session_options()  # type: ignore[attr-defined]
+    for key in NO_SPINNING:
+        assert options.get_session_config_entry(key) == "0"
 
 
 def test_invalid_parameter_value(
