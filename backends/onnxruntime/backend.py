@@ -62,8 +62,16 @@ _GRAPH_LEVELS = {
 #: ONNX Runtime's pool threads spin after each parallel section by default, holding cores that
 #: the front ends and the event loop need. Measured on 2 cores, ``mlp`` over gRPC at c=32 with
 #: the default thread count, three pairs: 4,849-6,168/s spinning, 6,573-7,860/s not (8,736/s
-#: on one thread); at c=1, 567 against 585 µs on average. So no session spins.
+#: on one thread); at c=1, 567 µs on average spinning and 585 µs not. So no session spins.
 NO_SPINNING = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
+
+def _quiet_options() -> ort.SessionOptions:
+    """Session options whose thread pools never spin (``NO_SPINNING``)."""
+    options = ort.SessionOptions()
+    for spinning in NO_SPINNING:
+        options.add_session_config_entry(spinning, "0")
+    return options
 
 
 def _tensor_info(arg: ort.NodeArg, model: str) -> TensorInfo:
@@ -103,7 +111,7 @@ class OnnxRuntimeBackend(Backend):
         return device_count()
 
     def signature(self, model_path: Path) -> ModelSignature:
-        options = ort.SessionOptions()
+        options = _quiet_options()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         model = model_path.parent.parent.name  # <repo>/<model>/<version>/model.onnx
         return _signature(self._session(model_path, options, model), model)
@@ -175,9 +183,7 @@ class OnnxRuntimeBackend(Backend):
     def _session_options(self, config: mc.ModelConfig) -> ort.SessionOptions:
         params = {key: value.string_value for key, value in config.parameters.items()}
         merged = {**self._options, **params}
-        options = ort.SessionOptions()
-        for spinning in NO_SPINNING:
-            options.add_session_config_entry(spinning, "0")
+        options = _quiet_options()
         try:
             if "intra_op_thread_count" in merged:
                 options.intra_op_num_threads = int(merged["intra_op_thread_count"])

@@ -233,7 +233,7 @@ class Call:
         reads them as they come), else once the request is complete."""
         timeout = self.head.timeout
         if timeout is not None:
-            self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+            self._timer = self.connection.loop.call_later(timeout, self._expire)
         method = self.method
         assert method is not None
         if method.request_streaming:
@@ -246,7 +246,7 @@ class Call:
         ("Internal error from Core", its send failed) instead of the status (49 of 50
         refused ModelStreamInfer calls did, answered on their HEADERS)."""
         self._refusal = (code, message)
-        self._timer = asyncio.get_running_loop().call_later(REFUSAL_DELAY_S, self._refuse_now)
+        self._timer = self.connection.loop.call_later(REFUSAL_DELAY_S, self._refuse_now)
 
     def _refuse_now(self) -> None:
         if self._refusal is not None:
@@ -454,7 +454,7 @@ class Call:
         while not self._messages:
             if self.remote_closed:
                 return None
-            self._reader = asyncio.get_running_loop().create_future()
+            self._reader = self.connection.loop.create_future()
             try:
                 await self._reader
             finally:

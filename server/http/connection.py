@@ -108,8 +108,8 @@ class HttpConnection(asyncio.BufferedProtocol):
     def __init__(self, service: HttpService, address: Any) -> None:
         self.service = service
         self.context = Context(address)
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self.loop.create_future()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._read_buffer = memoryview(bytearray(_READ_BYTES))

@@ -3,6 +3,7 @@ checked on Triton's documented example (requests of [1, 3], [1, 4] and [1, 5] el
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -114,6 +115,23 @@ def test_scatter_refuses_outputs_that_do_not_add_up() -> None:
         layout.scatter("ragged", jobs, {"OUTPUT": inputs["INPUT"][:6], "PER_ROW": inputs["SCALE"]})
     with pytest.raises(InternalError, match="'PER_ROW' with 1 rows for a batch of 2"):
         layout.scatter("ragged", jobs, {"OUTPUT": inputs["INPUT"], "PER_ROW": inputs["SCALE"][:1]})
+
+
+def test_requests_batch_only_with_their_own_dtypes_and_input_names() -> None:
+    """Types of one size never share a batch (numpy names BF16 a two-byte void, and every
+    one-byte float8 type alike); the order a request lists its inputs in does not matter."""
+    layout = BatchLayout()
+
+    def key(dtype: np.dtype, names: tuple[str, ...] = ("x",)) -> object:
+        return layout.shape_key(Job({n: np.zeros((1, 3), dtype) for n in names}, ["y"]))
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert key(bf16) == key(np.dtype(ml_dtypes.bfloat16))
+    keys = [key(bf16), key(np.dtype(np.float16)), key(np.dtype(np.int16)), key(np.dtype("V2"))]
+    assert len(set(keys)) == 4
+    assert key(np.dtype(ml_dtypes.float8_e4m3fn)) != key(np.dtype(ml_dtypes.float8_e4m3fnuz))
+    assert key(np.dtype(np.int32), ("a", "b")) == key(np.dtype(np.int32), ("b", "a"))
+    assert key(np.dtype(np.int32), ("a",)) != key(np.dtype(np.int32), ("a", "b"))
 
 
 def test_plain_layout_passes_a_single_request_through_and_reuses_buffers() -> None:
