@@ -156,8 +156,6 @@ class DynamicBatcher(Runners):
         }
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        #: the loop the batching task runs on, kept (looking it up is a system call: ``eager``)
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._released_in_order: deque[_Pending] = deque()
         self._buffers: dict[int, dict[str, np.ndarray]] = {}
         self._running: set[asyncio.Task[None]] = set()
@@ -261,12 +259,12 @@ class DynamicBatcher(Runners):
         return [p for q in (*self._queues.values(), *self._delayed.values()) for p in q]
 
     def _start(self) -> asyncio.AbstractEventLoop:
-        """Start the batching task if it is not running; the loop it runs on."""
-        if self._task is None or self._task.done() or self._event_loop is None:
-            self._event_loop = asyncio.get_running_loop()
+        """Start the batching task if it is not running; the loop it runs on (the task's:
+        looking the running loop up is a system call, see ``eager``)."""
+        if self._task is None or self._task.done():
             self._wake = asyncio.Event()
-            self._task = self._event_loop.create_task(self._loop(), name=f"batcher-{self._name}")
-        return self._event_loop
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self._name}")
+        return self._task.get_loop()
 
     def _notify(self) -> None:
         if self._wake is not None:
@@ -394,8 +392,8 @@ class DynamicBatcher(Runners):
             (queue if pending in queue else self._delayed[pending.level]).remove(pending)
             pending.dispatched = True
             pending.job.times.queue_ns = started - pending.enqueued_ns
-        assert self._event_loop is not None  # (a batch is only formed by the running task)
-        task = self._event_loop.create_task(self._run(runner, batch, started))
+        assert self._task is not None  # (a batch is only formed by the running task)
+        task = self._task.get_loop().create_task(self._run(runner, batch, started))
         self._running.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._running.discard)
 
