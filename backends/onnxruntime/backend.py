@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +72,36 @@ def _quiet_options() -> ort.SessionOptions:
     for spinning in NO_SPINNING:
         options.add_session_config_entry(spinning, "0")
     return options
+
+
+#: ``run(output_names, feeds)``: one session run on numpy arrays.
+SessionRun = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]
+
+
+def direct_run(session: ort.InferenceSession) -> SessionRun:
+    """``session.run`` without the checks its Python wrapper repeats on every call, when the
+    wrapper holds its compiled session where it always has (``_sess``); else ``session.run``.
+
+    The wrapper checks that every required input is fed (the compiled ``Run`` refuses a
+    missing one too, and the executor's validation refused it before), that no WebGPU graph
+    capture is on (never here) and that each ``OrtValue`` fed is on the session's device (only
+    numpy arrays come here): 2.2 of the 10.7 µs a run of the example ``simple`` model takes. A
+    provider failure still goes to the wrapper, which falls back to its other providers as
+    before.
+    """
+    compiled = getattr(session, "_sess", None)
+    run = getattr(compiled, "run", None)
+    if run is None:
+        return session.run  # type: ignore[no-any-return]
+    provider_failure = ort.capi.onnxruntime_pybind11_state.EPFail
+
+    def run_directly(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            return run(names, feeds, None)  # type: ignore[no-any-return]
+        except provider_failure:
+            return session.run(names, feeds)  # type: ignore[no-any-return]
+
+    return run_directly
 
 
 def _tensor_info(arg: ort.NodeArg, model: str) -> TensorInfo:
@@ -293,6 +323,7 @@ class OnnxRuntimeInstance(ModelInstance):
 
     def __init__(self, session: ort.InferenceSession, signature: ModelSignature) -> None:
         self._session = session
+        self._run = direct_run(session)
         self._bf16_outputs = {
             info.name for info in signature.outputs if info.datatype.name == "BF16"
         }
@@ -313,7 +344,7 @@ class OnnxRuntimeInstance(ModelInstance):
     ) -> dict[str, np.ndarray]:
         names = list(output_names)
         if self._plain:
-            return dict(zip(names, self._session.run(names, dict(inputs)), strict=True))
+            return dict(zip(names, self._run(names, dict(inputs)), strict=True))
         feeds: dict[str, np.ndarray] = {}
         has_bf16 = bool(self._bf16_outputs.intersection(names))
         for name, array in inputs.items():
@@ -325,7 +356,7 @@ class OnnxRuntimeInstance(ModelInstance):
         if has_bf16:
             results = self._run_ort_values(feeds, names)
         else:
-            results = self._session.run(names, feeds)
+            results = self._run(names, feeds)
         return {
             name: strings_to_bytes(value) if value.dtype == object else value
             for name, value in zip(names, results)

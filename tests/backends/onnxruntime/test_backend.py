@@ -6,11 +6,12 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 
 from backends.base import ModelInstance, Placement, TensorInfo
-from backends.onnxruntime.backend import NO_SPINNING, OnnxRuntimeBackend
+from backends.onnxruntime.backend import NO_SPINNING, OnnxRuntimeBackend, direct_run
 from scripts import make_models
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
@@ -351,6 +352,56 @@ def test_model_fault_raises_at_execute(
         instance.execute(
             {"INPUT0": np.ones((2,), dtype=np.float32)}, ["OUTPUT0"]
         )  # rank 1, model wants 2
+
+
+def _add_sub_session(tmp_path: Path) -> ort.InferenceSession:
+    path = make_models.save(make_models.add_sub("INT32", 4), tmp_path / "s" / "1" / "model.onnx")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_direct_run_answers_as_the_session_does(tmp_path: Path) -> None:
+    session = _add_sub_session(tmp_path)
+    feeds = {"INPUT0": np.arange(8, dtype=np.int32).reshape(2, 4),
+             "INPUT1": np.full((2, 4), 3, dtype=np.int32)}
+    direct = direct_run(session)
+    assert direct is not session.run  # the compiled session is where it was looked for
+    ours = direct(["OUTPUT1", "OUTPUT0"], feeds)
+    theirs = session.run(["OUTPUT1", "OUTPUT0"], feeds)
+    assert [a.tolist() for a in ours] == [a.tolist() for a in theirs]
+
+
+def test_direct_run_still_refuses_a_missing_input(tmp_path: Path) -> None:
+    direct = direct_run(_add_sub_session(tmp_path))
+    with pytest.raises(Exception, match="INPUT1"):  # the compiled run's own refusal
+        direct(["OUTPUT0"], {"INPUT0": np.ones((1, 4), dtype=np.int32)})
+
+
+def test_direct_run_without_the_compiled_session_is_the_public_run() -> None:
+    class Wrapper:
+        def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [np.zeros(1)]
+
+    wrapper = Wrapper()
+    assert direct_run(wrapper) == wrapper.run
+
+
+def test_a_provider_failure_goes_to_the_public_run_and_its_fallback() -> None:
+    calls: list[str] = []
+
+    class Compiled:
+        def run(self, names: list[str], feeds: object, options: object) -> list[np.ndarray]:
+            calls.append("compiled")
+            raise ort.capi.onnxruntime_pybind11_state.EPFail("the provider failed")
+
+    class Wrapper:
+        _sess = Compiled()
+
+        def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            calls.append("public")
+            return [np.ones(1)]
+
+    result = direct_run(Wrapper())(["OUTPUT0"], {})
+    assert calls == ["compiled", "public"] and result[0].tolist() == [1.0]
 
 
 def _sequence_config(corrid: str, state_output: str) -> mc.ModelConfig:
