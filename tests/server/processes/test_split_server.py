@@ -300,11 +300,13 @@ def test_sigterm_under_load_drains_and_leaves_no_process(server: ServerProcess) 
         load.join(30)
         assert "hung" not in load.outcomes, load.outcomes
         assert not load.wrong, load.wrong[:3]
-        # Answered, refused while stopping (503 / UNAVAILABLE), or the connection refused once
-        # closed.
+        # Answered, refused while stopping (503 / UNAVAILABLE), the connection refused once
+        # closed, or reset by the stop before any request was read from it (still in the
+        # listening socket's queue): seen when reading, or as a broken pipe when the reset
+        # came before the client had written its request.
         assert set(load.outcomes) <= {"200", "503", "ConnectionRefusedError", "OK",
                                       "RemoteDisconnected", "ConnectionResetError",
-                                      "UNAVAILABLE"}, load.outcomes
+                                      "BrokenPipeError", "UNAVAILABLE"}, load.outcomes
     _assert_gone(server)
 
 
