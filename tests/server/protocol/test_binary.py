@@ -167,6 +167,11 @@ def test_tensor_from_bytes_is_little_endian() -> None:
     assert result.tolist() == [1]
 
 
+def test_tensor_from_bytes_of_a_shape_numpy_cannot_address() -> None:
+    with pytest.raises(InvalidArgument, match="causes total element count to exceed maximum size"):
+        tensor_from_bytes(memoryview(b""), DT["INT32"], (0, 2**62, 2**62), "IN", "m", None)
+
+
 def test_tensor_from_bytes_is_a_zero_copy_view() -> None:
     buffer = bytearray(np.arange(8, dtype=np.float32).tobytes())
     backing = np.frombuffer(buffer, dtype=np.uint8)
@@ -249,6 +254,15 @@ def test_tensor_to_bytes_contiguous_array_is_not_copied() -> None:
     source = np.arange(16, dtype=np.float32)
     wire = tensor_to_bytes(source, DT["FP32"])
     assert np.shares_memory(np.frombuffer(wire, dtype=np.uint8), source)
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("shape", [(0,), (2, 0, 3), ()])
+def test_tensor_to_bytes_empty_and_scalar_arrays(name: str, shape: tuple[int, ...]) -> None:
+    source = np.ones(shape, dtype=DT[name].dtype)
+    wire = tensor_to_bytes(source, DT[name])
+    assert (wire.format, wire.ndim) == ("B", 1)
+    assert bytes(wire) == source.tobytes()
 
 
 def test_tensor_to_bytes_non_contiguous_is_row_major() -> None:
