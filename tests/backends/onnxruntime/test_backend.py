@@ -364,7 +364,7 @@ def test_direct_run_answers_as_the_session_does(tmp_path: Path) -> None:
     feeds = {"INPUT0": np.arange(8, dtype=np.int32).reshape(2, 4),
              "INPUT1": np.full((2, 4), 3, dtype=np.int32)}
     direct = direct_run(session)
-    assert direct is not session.run  # the compiled session is where it was looked for
+    assert direct != session.run  # the compiled session was found: not the public method
     ours = direct(["OUTPUT1", "OUTPUT0"], feeds)
     theirs = session.run(["OUTPUT1", "OUTPUT0"], feeds)
     assert [a.tolist() for a in ours] == [a.tolist() for a in theirs]
@@ -372,8 +372,11 @@ def test_direct_run_answers_as_the_session_does(tmp_path: Path) -> None:
 
 def test_direct_run_still_refuses_a_missing_input(tmp_path: Path) -> None:
     direct = direct_run(_add_sub_session(tmp_path))
+    one = np.ones((1, 4), dtype=np.int32)
     with pytest.raises(Exception, match="INPUT1"):  # the compiled run's own refusal
-        direct(["OUTPUT0"], {"INPUT0": np.ones((1, 4), dtype=np.int32)})
+        direct(["OUTPUT0"], {"INPUT0": one})
+    # and the session goes on answering complete requests
+    assert direct(["OUTPUT0"], {"INPUT0": one, "INPUT1": one})[0].tolist() == [[2, 2, 2, 2]]
 
 
 def test_direct_run_without_the_compiled_session_is_the_public_run() -> None:
