@@ -88,6 +88,7 @@ from scripts.bench_common import (
     fmt_number,
     fmt_ratio,
     markdown_table,
+    python_build,
 )
 from scripts.http_floor import capture
 
@@ -841,6 +842,7 @@ def report(args: argparse.Namespace, results: Results) -> str:
         f"tensorgate: {ONE_ORT_THREAD} {args.tensorgate_args}".rstrip()
         + f"; {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at the "
         f"end; run took {results.seconds:.0f} s.",
+        f"python {sys.version.split()[0]} (tensorgate's too): {python_build()}.",
     ]
     out.append("\n" + "\n".join(notes))
     for m in errors:

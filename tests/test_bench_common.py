@@ -1,0 +1,52 @@
+"""The interpreter's build as the benchmarks report it (``scripts.bench_common.python_build``)."""
+
+from __future__ import annotations
+
+from scripts.bench_common import machine_facts, python_build
+
+_SHARED_MAPS = """\
+55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234 /opt/python/bin/python3.11
+7f1e2c000000-7f1e2c200000 r-xp 00000000 08:01 5678 /opt/python/lib/libpython3.11.so.1.0
+7f1e2d000000-7f1e2d100000 r-xp 00000000 08:01 9012 /usr/lib/x86_64-linux-gnu/libc.so.6
+7ffd1a000000-7ffd1a021000 rw-p 00000000 00:00 0 [stack]
+"""
+_STATIC_MAPS = """\
+55d0c0a00000-55d0c0f01000 r-xp 00000000 08:01 1234 /usr/bin/python3.11
+7f1e2b000000-7f1e2b100000 r-xp 00000000 08:01 3456 /opt/libpython-tools/lib/helper.so
+7f1e2d000000-7f1e2d100000 r-xp 00000000 08:01 9012 /usr/lib/x86_64-linux-gnu/libc.so.6
+"""
+_PLAIN_ARGS = "'--prefix=/opt/python' '--enable-shared' 'LDFLAGS=-L/opt/python/lib'"
+_OPTIMISED_ARGS = "'--prefix=/opt/python' '--enable-optimizations' '--with-lto=full'"
+_NOT_OPTIMISED = "configured without --enable-optimizations or --with-lto"
+
+
+def test_a_shared_libpython_is_named() -> None:
+    assert python_build(_SHARED_MAPS, _PLAIN_ARGS) == (
+        f"libpython loaded as a shared library; {_NOT_OPTIMISED}"
+    )
+
+
+def test_an_interpreter_linked_into_the_executable() -> None:
+    # Only a mapped file's own name counts: a folder named like libpython does not.
+    assert python_build(_STATIC_MAPS, _PLAIN_ARGS) == (
+        f"interpreter linked into the executable; {_NOT_OPTIMISED}"
+    )
+
+
+def test_optimisation_flags_are_read_from_quoted_configure_arguments() -> None:
+    assert python_build(_STATIC_MAPS, _OPTIMISED_ARGS) == (
+        "interpreter linked into the executable; "
+        "configured with --enable-optimizations --with-lto"
+    )
+
+
+def test_unreadable_maps_say_unknown() -> None:
+    assert python_build("", "") == f"libpython linking unknown; {_NOT_OPTIMISED}"
+
+
+def test_the_machine_facts_carry_this_interpreter_s_build() -> None:
+    described = machine_facts()["python_build"]
+    assert described == python_build()
+    assert described.split(";")[0] in (
+        "libpython loaded as a shared library", "interpreter linked into the executable"
+    )
