@@ -443,8 +443,7 @@ def machine_facts() -> dict[str, str]:
     return {
         "nproc": str(len(os.sched_getaffinity(0))),
         "cpu": cpu,
-        "python": sys.version.split()[0],
-        "python_build": python_build(),
+        "python": f"{sys.version.split()[0]} ({python_build()})",
         "onnxruntime": ort.__version__,
         "platform": platform.platform(),
         # Other work on the same cores shifts every figure; this says how busy they were.
