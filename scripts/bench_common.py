@@ -453,7 +453,7 @@ def machine_facts() -> dict[str, str]:
 
 def python_build(maps: str | None = None, config_args: str | None = None) -> str:
     """How the interpreter running the benchmark (and the servers it starts) was built, as far
-    as that moves every figure: the same server code spent 15 % less CPU per small request on
+    as that moves every figure: the same server code spent 12-15 % less CPU per small request on
     Debian's python3.11, whose executable has the interpreter linked in, than on a pyenv build
     that loads it from ``libpython3.11.so`` without profile-guided optimisation. ``maps`` and
     ``config_args`` stand in for ``/proc/self/maps`` and ``CONFIG_ARGS`` in tests."""
