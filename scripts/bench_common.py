@@ -464,8 +464,9 @@ def python_build(maps: str | None = None, config_args: str | None = None) -> str
             maps = ""
     if not maps:
         linking = "libpython linking unknown"
-    elif any(Path(line.rsplit(" ", 1)[-1]).name.startswith("libpython")
-             for line in maps.splitlines()):
+    elif any(Path(fields[5]).name.startswith("libpython")
+             for fields in (line.split(maxsplit=5) for line in maps.splitlines())
+             if len(fields) == 6):  # address, mode, offset, device, inode, path
         linking = "libpython loaded as a shared library"
     else:
         linking = "interpreter linked into the executable"

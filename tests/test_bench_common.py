@@ -28,6 +28,13 @@ def test_a_shared_libpython_is_named() -> None:
     )
 
 
+def test_a_replaced_libpython_still_counts() -> None:
+    # The path is the sixth field to the end of the line: it may hold spaces and "(deleted)".
+    maps = _SHARED_MAPS.replace("/opt/python/lib/libpython3.11.so.1.0",
+                                "/opt/my python/lib/libpython3.11.so.1.0 (deleted)")
+    assert python_build(maps, _PLAIN_ARGS).startswith("libpython loaded as a shared library")
+
+
 def test_an_interpreter_linked_into_the_executable() -> None:
     # Only a mapped file's own name counts: a folder named like libpython does not.
     assert python_build(_STATIC_MAPS, _PLAIN_ARGS) == (
