@@ -2,8 +2,16 @@
 
 A small request on a model that runs inline never waits in the executor: decoded, run and
 answered in one go. A ``Task`` for it costs about as much as validating it (the task object,
-its loop callback, the set of live tasks, the done callback), for nothing. Python 3.12's eager
-tasks do what this does; the server also runs on 3.11, which has none.
+its loop callback, the set of live tasks, the done callback), for nothing.
+
+From Python 3.12 on, asyncio's own eager tasks do this, and ``start`` uses them: the first
+step then runs inside its task, as code reached from it may need. There ``wait_for`` is built
+on ``asyncio.timeout``, which refuses to run outside a task ("Timeout should be used inside a
+task"): run outside one, model loads and unloads over gRPC in one process failed on 3.12 at
+their wait for the version's requests to drain (``RequestGate.wait_idle``); run inside the
+caller's task, the timeout would cancel the caller. 3.11, which has no eager tasks, runs the
+first step outside any task; its ``wait_for`` needs none, but ``asyncio.timeout`` does, so code
+that a first step reaches uses ``wait_for``.
 
 On 3.11 every ``asyncio.get_running_loop()`` (and what calls it: ``asyncio.create_task``,
 ``current_task()``, ``Event.wait``, ``Future()`` without a loop) makes a ``getpid`` system call,
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
+import sys
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -29,6 +38,12 @@ def start(
     or None if it finished without waiting. Its first step runs in a copy of the caller's
     context, which the task goes on in, as a task's would. An exception from the first step
     is raised here."""
+    if sys.version_info >= (3, 12):
+        task = asyncio.Task(coroutine, loop=loop, eager_start=True)
+        if not task.done():
+            return task
+        task.result()  # the first step's exception, if any, raised here
+        return None
     context = contextvars.copy_context()
     try:
         awaited = context.run(coroutine.send, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 
 import pytest
 
@@ -13,7 +14,7 @@ from server import eager
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 
 
-def test_a_coroutine_that_never_waits_finishes_in_the_call_without_a_task() -> None:
+def test_a_coroutine_that_never_waits_finishes_in_the_call_and_leaves_no_task() -> None:
     seen: list[str] = []
 
     async def work() -> None:
@@ -98,5 +99,48 @@ def test_cancelling_the_task_cancels_what_the_coroutine_waits_on(taken_over: boo
             await task
         assert future.cancelled()
         assert outcome == ["cancelled", "finally"]
+
+    asyncio.run(main())
+
+
+def test_a_first_step_started_outside_any_task_may_wait_with_a_timeout() -> None:
+    """As a transport starts a handler, from a protocol callback: ``wait_for`` with a timeout
+    in the first step works (on 3.12 it is built on ``asyncio.timeout``, which needs a task)."""
+    outcome: list[object] = []
+
+    async def drains(event: asyncio.Event) -> None:
+        await asyncio.wait_for(event.wait(), 1.0)
+        outcome.append("drained")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        event.set()  # already idle (on 3.11 the wait still takes a task of its own)
+        started: list[asyncio.Task[None] | None] = []
+        loop.call_soon(lambda: started.append(eager.start(drains(event), loop)))
+        await asyncio.sleep(0)
+        assert len(started) == 1  # (an error in the callback would have left it empty)
+        if started[0] is not None:
+            await started[0]
+        assert outcome == ["drained"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="3.11 has no eager tasks")
+def test_from_3_12_the_first_step_runs_inside_the_task_it_returns() -> None:
+    seen: list[asyncio.Task[object] | None] = []
+
+    async def work(future: asyncio.Future[None]) -> None:
+        seen.append(asyncio.current_task())
+        await future
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        task = eager.start(work(future), asyncio.get_running_loop())
+        assert task is not None
+        assert seen == [task]  # not the caller's task
+        future.set_result(None)
+        await task
 
     asyncio.run(main())
