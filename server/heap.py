@@ -1,18 +1,33 @@
-"""The garbage collector, told once a process serves that its start-up objects stay.
+"""The garbage collector, told once a process serves that its start-up objects stay, and that
+requests in flight are not garbage.
 
 Measured in a front end under perf_analyzer HTTP c=8 (about 6,000 requests each): one full
 collection (generation 2) took 70-130 ms, walking every object of the process (grpc, protobuf
 descriptors, numpy, Tornado): 12-22 µs per request amortised, and a stall that long for the
 requests in flight. What exists once the process serves lives as long as the process, so it is
 moved where the collector no longer walks it (``gc.freeze``); a full collection then took 1 ms.
+
+Young collections start when allocations outnumber frees by a threshold (CPython's is 700).
+The requests a dynamic batch holds (their tasks, futures, requests and jobs) pass that as a
+batch fills, though nothing of theirs is a reference cycle: none was left for the collector
+after 2,000 batched requests. In the executor under perf_analyzer (``mlp`` over gRPC at
+concurrency 32, batching on) that made 20 young collections per 1,000 requests, 1.8 µs of its
+CPU per request; with ``YOUNG_THRESHOLD`` there were none in the same run. Cyclic garbage, which
+only the collector frees, waits a little longer for it.
 """
 
 from __future__ import annotations
 
 import gc
 
+#: Allocations net of frees that start a young collection, once a process serves.
+YOUNG_THRESHOLD = 10_000
+
 
 def settle() -> None:
-    """Collect what start-up left behind, then freeze the rest (call once, when serving)."""
+    """Collect what start-up left behind, freeze the rest, and collect the young generation
+    less often (call once, when serving)."""
     gc.collect()
     gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
