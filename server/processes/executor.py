@@ -65,7 +65,7 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
         else None
     )
     dataplane.set_live(True)
-    heap.settle()
+    heap.settle(heap.EXECUTOR_YOUNG_THRESHOLD)
     child.report_ready(info)
 
     await shutdown.requested.wait()
