@@ -33,6 +33,8 @@ from server.listener import Adopter
 log = logging.getLogger(__name__)
 
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+#: The parser of a lost connection calls nothing back.
+_NO_CALLBACKS = object()
 #: Pipelined events queued beyond this many pause reading from the socket.
 _QUEUE_PAUSE = 64
 #: What one read takes at most while requests are parsed.
@@ -234,8 +236,13 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
+        # What refers back to this connection goes (the parser's callbacks, the transport, the
+        # idle timer), so that it is freed now, with its read buffer, not by a collection.
+        self._transport = None
+        self._parser = httptools.HttpRequestParser(_NO_CALLBACKS)
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+            self._idle_timer = None
         self._queue.clear()
         for waiter in self._write_waiters:
             if not waiter.done():
