@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from server.cli import parse_bool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,6 +188,18 @@ class ServerProcess:
             return response.status, dict(response.getheaders()), response.read()
         finally:
             conn.close()
+
+    def resident_bytes(self) -> int:
+        """The resident memory of the server's processes together: in the split layout the
+        first process is the supervisor, and the front ends and executor hold the requests."""
+        total = 0
+        first = psutil.Process(self.proc.pid)
+        for process in (first, *first.children(recursive=True)):
+            try:
+                total += process.memory_info().rss
+            except psutil.NoSuchProcess:  # (a model's process that ended meanwhile)
+                continue
+        return total
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM the server (this process only) and return its exit code."""

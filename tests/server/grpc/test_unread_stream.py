@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 
 from server.generated import grpc_service_pb2 as pb
@@ -61,8 +60,6 @@ async def _unary_ok(stub: pb_grpc.GRPCInferenceServiceStub, i: int) -> None:
 
 
 def test_unread_stream_keeps_server_memory_bounded(server: ServerProcess) -> None:
-    process = psutil.Process(server.proc.pid)
-
     async def main() -> int:
         async with (
             grpc.aio.insecure_channel(server.grpc_url, options=SLOW_READER) as channel,
@@ -71,7 +68,7 @@ def test_unread_stream_keeps_server_memory_bounded(server: ServerProcess) -> Non
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             for i in range(8):  # warm-up: the pools and the allocator reach their working size
                 await _unary_ok(stub, i)
-            baseline = process.memory_info().rss
+            baseline = server.resident_bytes()
             call = stub.ModelStreamInfer()
             written = 0
 
@@ -86,7 +83,7 @@ def test_unread_stream_keeps_server_memory_bounded(server: ServerProcess) -> Non
             # Until the client's writes stall (or all are sent) and the server's memory stops
             # growing: on an unbounded server that is after every reply has been made.
             await settled(lambda: written, timeout=20)
-            peak = await settled(lambda: process.memory_info().rss >> 20, timeout=20) << 20
+            peak = await settled(lambda: server.resident_bytes() >> 20, timeout=20) << 20
             await _unary_ok(stub, 1000)
             await _unary_ok(pb_grpc.GRPCInferenceServiceStub(other), 1001)
             replies = [reply.infer_response async for reply in call]

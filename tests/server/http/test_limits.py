@@ -9,7 +9,6 @@ import socket
 import time
 from collections.abc import Iterator
 
-import psutil
 import pytest
 
 from tests.server.http.helpers import assert_simple_ok, post_json
@@ -82,12 +81,6 @@ def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None
         ("POST", "/v2/models/nope/infer", b"{}"),
         ("GET", "/v2/models/simple/versions/999", None),
     ]
-    process = psutil.Process(server.proc.pid)
-
-    def resident() -> int:
-        """The server's processes' resident bytes (its front ends and executor too)."""
-        return sum(p.memory_info().rss for p in (process, *process.children(recursive=True)))
-
     def burst(count: int) -> None:
         for index in range(count):
             method, path, body = bad[index % len(bad)]
@@ -95,9 +88,9 @@ def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None
             assert 400 <= status < 500, (path, status)
 
     burst(200)
-    before = resident()
+    before = server.resident_bytes()
     burst(600)
-    grown = resident() - before
+    grown = server.resident_bytes() - before
     assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 600 rejected requests"
     _still_serving(server)
 
