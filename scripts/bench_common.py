@@ -443,12 +443,23 @@ def machine_facts() -> dict[str, str]:
     return {
         "nproc": str(len(os.sched_getaffinity(0))),
         "cpu": cpu,
-        "python": f"{sys.version.split()[0]} ({python_build()})",
+        "python": f"{python_version()} ({python_build()})",
         "onnxruntime": ort.__version__,
         "platform": platform.platform(),
         # Other work on the same cores shifts every figure; this says how busy they were.
         "load_average_1min": f"{os.getloadavg()[0]:.2f}",
     }
+
+
+def python_version() -> str:
+    """This interpreter's version, as ``3.11.7``."""
+    return sys.version.split()[0]
+
+
+def interpreter_line(server: str) -> str:
+    """The line under a benchmark's tables that names the interpreter, which ``server``'s
+    processes (started by the benchmark) run too."""
+    return f"python {python_version()} ({server}'s too): {python_build()}."
 
 
 def python_build(maps: str | None = None, config_args: str | None = None) -> str:

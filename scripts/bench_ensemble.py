@@ -46,7 +46,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 
 from scripts import make_models
-from scripts.bench_common import fmt_number, fmt_ratio, markdown_table, python_build
+from scripts.bench_common import fmt_number, fmt_ratio, interpreter_line, markdown_table
 from scripts.bench_vs_triton import Tensorgate
 
 ROWS = ("ensemble", "three-calls", "add_sub-python", "add_sub-onnx")
@@ -265,7 +265,7 @@ def report(runs: list[Run], concurrency: int) -> str:
     lines.append("")
     lines.append(f"ensemble ÷ three calls: {fmt_ratio(ensemble)} (goal ≥ 1.5×)")
     lines.append(f"add_sub python ÷ ONNX: {fmt_ratio(python)}")
-    lines.append(f"python {sys.version.split()[0]} (the server's too): {python_build()}.")
+    lines.append(interpreter_line("the server"))
     return "\n".join(lines)
 
 

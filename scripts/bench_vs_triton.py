@@ -87,8 +87,8 @@ from scripts.bench_common import (
     PINNED_THREADS,
     fmt_number,
     fmt_ratio,
+    interpreter_line,
     markdown_table,
-    python_build,
 )
 from scripts.http_floor import capture
 
@@ -842,7 +842,7 @@ def report(args: argparse.Namespace, results: Results) -> str:
         f"tensorgate: {ONE_ORT_THREAD} {args.tensorgate_args}".rstrip()
         + f"; {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at the "
         f"end; run took {results.seconds:.0f} s.",
-        f"python {sys.version.split()[0]} (tensorgate's too): {python_build()}.",
+        interpreter_line("tensorgate"),
     ]
     out.append("\n" + "\n".join(notes))
     for m in errors:

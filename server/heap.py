@@ -12,12 +12,14 @@ The requests a dynamic batch holds (their tasks, futures, requests and jobs) pas
 batch fills, though nothing of theirs is a reference cycle: none was left for the collector
 after 2,000 batched requests. In the executor under perf_analyzer (``mlp`` over gRPC at
 concurrency 32, batching on) that made 20 young collections per 1,000 requests, 1.8 µs of its
-CPU per request; with ``EXECUTOR_YOUNG_THRESHOLD`` there were none in the same run. Only the
-executor waits longer. The front ends measured no collections to save (at most 0.05 per 1,000
-requests), and what a client leaves may be cyclic garbage that only a collection frees: closed
-HTTP connections were, each with its 64 KiB read buffer, until ``HttpConnection`` let go of
-them (with this threshold a one-process server then kept 17.6 MiB more after 600 refused
-requests on fresh connections); gRPC connections have not been checked.
+CPU per request; with ``EXECUTOR_YOUNG_THRESHOLD`` there were none in the same run.
+
+Only the executor waits longer. The front ends measured no collections to save (at most 0.05
+per 1,000 requests), and what a client leaves may be cyclic garbage that only a collection
+frees. Closed HTTP connections were such garbage, each with its 64 KiB read buffer: with this
+threshold everywhere, a one-process server kept 17.6 MiB more after 600 refused requests on
+fresh connections. ``HttpConnection`` now lets go of them itself; gRPC connections have not
+been checked.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from scripts.bench_common import machine_facts, python_build
+from scripts.bench_common import interpreter_line, machine_facts, python_build
 
 _SHARED_MAPS = """\
 55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234 /opt/python/bin/python3.11
@@ -58,4 +58,10 @@ def test_the_machine_facts_carry_this_interpreter_s_build() -> None:
     assert machine_facts()["python"] == f"{sys.version.split()[0]} ({described})"
     assert described.split(";")[0] in (
         "libpython loaded as a shared library", "interpreter linked into the executable"
+    )
+
+
+def test_the_interpreter_line_names_version_build_and_server() -> None:
+    assert interpreter_line("tensorgate") == (
+        f"python {sys.version.split()[0]} (tensorgate's too): {python_build()}."
     )
