@@ -14,7 +14,7 @@ import selectors
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import h2.config
@@ -192,7 +192,7 @@ class RawHttp2Client:
         self.sock.close()
 
 
-def _text(headers: list[tuple[str | bytes, str | bytes]]) -> dict[str, str]:
+def _text(headers: Iterable[tuple[str | bytes, str | bytes]]) -> dict[str, str]:
     return {
         (k if isinstance(k, str) else k.decode()): (v if isinstance(v, str) else v.decode())
         for k, v in headers

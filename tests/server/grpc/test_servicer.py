@@ -5,6 +5,8 @@ cancellation of an RPC whose deadline has passed (triton-facts §1.3)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,14 +28,17 @@ from server.errors import (
     Unsupported,
 )
 from server.generated import model_config_pb2 as mc
+from server.grpc.call import Call
+from server.grpc.connection import Http2Connection
 from server.grpc.server import GrpcServer
-from server.grpc.status import status_code
+from server.grpc.status import StatusCode, status_code
 from server.grpc.stream_window import MAX_HELD_BYTES, MAX_RUNNING
 from server.memory.host_pool import HostBufferPool
 from server.protocol.grpc_codec import SPLIT_ABOVE_BYTES
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
 from tests.server.grpc.helpers import SLOW_READER, settled
+from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
 
 STOPPING = (
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
@@ -551,3 +556,65 @@ def test_replies_in_the_executors_arena_are_released_when_their_calls_are_given_
         dropped.cancel()
 
     _run(scenario, client_options=SLOW_READER)
+
+
+def test_closed_connections_and_their_calls_are_freed_without_the_collector() -> None:
+    """Nothing refers back to a closed connection or to a finished call (unary, streamed, one
+    failed), so their reference counts free them and their buffers at once. (The client is
+    the raw one: grpcio's keeps a failed call, and its connection, until a collection.)"""
+
+    def alive() -> tuple[int, int]:
+        objects = gc.get_objects()
+        return (
+            sum(isinstance(o, Http2Connection) for o in objects),
+            sum(isinstance(o, Call) for o in objects),
+        )
+
+    def calls(port: int) -> list[int | None]:
+        service = "/inference.GRPCInferenceService/"
+        raw = RawHttp2Client(port)
+        try:
+            unary = raw.call(service + "ModelInfer", _large("unary", 2**13).SerializeToString())
+            failed = raw.call(service + "ModelInfer", _request("failed").SerializeToString())
+            stream = raw.start(service + "ModelStreamInfer")
+            for request in (_large("a", 2**13), _request("b")):
+                raw.h2.send_data(stream, grpc_message(request.SerializeToString()))
+                raw.flush()
+            raw.h2.end_stream(stream)
+            raw.flush()
+            streamed = raw.finish(stream)
+            assert len(streamed.messages()) == 2
+            return [unary.status, failed.status, streamed.status]
+        finally:
+            raw.close()
+
+    async def main() -> None:
+        plane = FakeDataPlane()
+        plane.echo = True
+        plane.fail_ids.add("failed")
+        server = GrpcServer(plane, None)
+        port = server.bind("127.0.0.1", 0)
+        await server.start()
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        # pytest keeps every record logged, and the failed call's keeps its traceback
+        logging.disable(logging.ERROR)
+        try:
+            before = alive()
+            for _ in range(5):
+                statuses = await asyncio.to_thread(calls, port)
+                assert statuses == [StatusCode.OK, StatusCode.INTERNAL, StatusCode.OK]
+            for _ in range(500):  # until the server has seen the last one go
+                if not server._service.connections:
+                    break
+                await asyncio.sleep(0.01)
+            assert not server._service.connections
+            assert alive() == before
+        finally:
+            logging.disable(logging.NOTSET)
+            if collecting:
+                gc.enable()
+            await server.stop(0)
+
+    asyncio.run(main())
