@@ -10,21 +10,26 @@ of socket and ``Channel``. That server decodes each message, runs the same ONNX 
 the inline bytes and sends back a ``Done``, which any executor has to do. The difference between
 the two is what the executor's layers add: validation, scheduling, statistics, arenas.
 
-Two cells, each timed ``--repeat`` times, each server in turn:
+Three cells, each timed ``--repeat`` times, each server in turn:
 
 - ``pipelined``: ``--depth`` requests in flight, each answer followed at once by the next
   request, so the process never waits and its caches stay warm;
 - ``after idle``: one request at a time, each sent ``--gap-us`` after the previous answer. The
   process blocks between requests, as an executor does at low load. The code is the same; only
   the block in between differs.
+- ``driver apart``: as ``pipelined``, but the driver is this script in a process of its own,
+  on another core where there is one (each process pinned to its core for the run). The figure
+  is the server's process alone, as an executor with a core to itself on a many-core host
+  spends: no driver in it, but every message crosses between cores.
 
 Beside them, ``sleep alone``: the same wait on the loop's timer with no request at all, which
 is what blocking and waking up costs this process on this machine whatever it runs. On our
 2-core VMs it is tens of µs, and the code run after each wake-up costs several times what it
 costs pipelined (its caches are cold): the ``after idle`` cell holds both.
 
-Figures are CPU µs per request of this process (driver included, the same for both servers).
-They are for people, never a CI gate.
+Figures are CPU µs per request of the server's process: with the driver's (the same for both
+servers) in the first two cells, without it in ``driver apart``. They are for people, never a
+CI gate.
 
     python scripts/bench_executor.py [--repeat 7] [--requests 4000] [--depth 8] [--gap-us 200]
 """
@@ -39,6 +44,7 @@ import shutil
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +81,7 @@ BUDGET_US = 30.0  # issue 15: the executor, per unbatched small request
 _LENGTH = struct.Struct("<I")
 _TIMEOUT_S = 120.0
 _DONE_TAG = m.Done.__struct_config__.tag
+APART = "driver apart"
 
 
 def infer_frames(count: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
@@ -170,6 +177,56 @@ async def drive(
     transport.close()
     assert driver.first is not None
     return spent / driver.answers, driver.first
+
+
+async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[float, bytes]:
+    """``drive`` from a process of its own (this script with ``--drive-fd``), pinned to another
+    core than this one where there are two: CPU seconds of this process alone per answered
+    request, counted from when the driver has built its frames, and the first answer's body."""
+    cores = sorted(os.sched_getaffinity(0))
+    apart = ("--core", str(cores[1])) if len(cores) > 1 else ()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--drive-fd", str(sock.fileno()), "--requests",
+        str(requests), "--depth", str(depth), *apart,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(sock.fileno(),),
+    )
+    sock.close()  # the driver's now
+    assert child.stdin is not None and child.stdout is not None
+    if apart:
+        os.sched_setaffinity(0, cores[:1])
+    answer = b""
+    try:
+        await asyncio.wait_for(child.stdout.readline(), _TIMEOUT_S)  # its frames are built
+        began = time.process_time()
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+        answer = await asyncio.wait_for(child.stdout.readline(), _TIMEOUT_S)
+        spent = time.process_time() - began
+    finally:
+        if apart:
+            os.sched_setaffinity(0, cores)
+        if not answer and child.returncode is None:  # a timeout: it is not waited for
+            child.kill()
+        await child.wait()
+    if child.returncode != 0 or not answer:
+        raise SystemExit(f"bench_executor: the driver process failed ({child.returncode})")
+    return spent / requests, bytes.fromhex(answer.decode())
+
+
+def run_driver(fd: int, requests: int, depth: int, core: int | None) -> None:
+    """The ``driver apart`` cell's other process: builds its frames, says so, waits for the
+    word, drives the server on the socket ``fd`` and prints the first answer's body (hex)."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    frames, _, _ = infer_frames(requests)
+    print(flush=True)
+    sys.stdin.readline()
+
+    async def driven() -> bytes:
+        _, first = await drive(socket.socket(fileno=fd), frames, depth, 0.0)
+        return first
+
+    print(asyncio.run(driven()).hex(), flush=True)
 
 
 class FloorServer:
@@ -292,7 +349,7 @@ async def measure(
     warm_frames = frames[: min(len(frames), 200)]
     cells = {"pipelined": (args.depth, 0.0), "after idle": (1, args.gap_us / 1e6)}
     figures: dict[str, dict[str, list[float]]] = {
-        cell: {"executor": [], "floor": []} for cell in cells
+        cell: {"executor": [], "floor": []} for cell in (*cells, APART)
     }
     sleeps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as folder:
@@ -313,6 +370,12 @@ async def measure(
                         per_request, body = await drive(await opener(), frames, depth, gap_s)
                         check_answer(body, first, second)
                         figures[cell][name].append(per_request * 1e6)
+                for name, opener in connect.items():
+                    per_request, body = await drive_apart(
+                        await opener(), args.requests, args.depth
+                    )
+                    check_answer(body, first, second)
+                    figures[APART][name].append(per_request * 1e6)
                 sleeps.append(await sleep_alone(args.requests, args.gap_us / 1e6) * 1e6)
         finally:
             await executor.close()
@@ -335,13 +398,19 @@ def report(
     facts = machine_facts()
     title = (
         f"### The executor's side of the seam, `{MODEL}` INT32 [1,16] ×2 inline "
-        f"(CPU µs per request of this process, driver included; min / median of {args.repeat})"
+        f"(CPU µs per request of the server's process; min / median of {args.repeat})"
     )
     header = ["cell", "executor", "floor (decode, run, answer)", "executor − floor",
               "executor ÷ floor"]
+    apart = (
+        "its own process, on another core" if len(os.sched_getaffinity(0)) > 1
+        else "its own process (one core here: they share it)"
+    )
     cells = (
-        f"pipelined: {args.depth} in flight; after idle: one at a time, {args.gap_us} µs after "
-        f"each answer; {args.requests} requests per run. Issue 15's budget for the executor: "
+        f"pipelined: {args.depth} in flight, the driver in the server's process (its CPU "
+        f"included); after idle: the same driver, one request at a time, {args.gap_us} µs after "
+        f"each answer; {APART}: {args.depth} in flight, the driver in {apart} (its CPU not "
+        f"included); {args.requests} requests per run. Issue 15's budget for the executor: "
         f"{BUDGET_US:.0f} µs per unbatched small request."
     )
     alone = (
@@ -363,7 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-us", type=int, default=200,
                         help="pause before each request of the 'after idle' cell")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    # the driver apart: this script in its own process (see ``drive_apart``)
+    parser.add_argument("--drive-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--core", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.drive_fd is not None:
+        run_driver(args.drive_fd, args.requests, args.depth, args.core)
+        return 0
     if min(args.repeat, args.requests, args.depth) < 1 or args.gap_us < 1:
         parser.error("--repeat, --requests, --depth and --gap-us must be positive")
     figures, sleeps = asyncio.run(measure(args))
