@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 
 from scripts import make_models
 
-_ROW = ["batch", 1]
+_ROW: list[str | int | None] = ["batch", 1]
 
 SIMPLE_SEQUENCE = """name: "simple_sequence"
 platform: "onnxruntime_onnx"

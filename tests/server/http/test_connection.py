@@ -54,7 +54,7 @@ class _Views(tornado.web.RequestHandler):
         buffer = bytearray(b"a" * BIG)
         self.set_header("Content-Length", str(BIG))
         await self.flush()
-        await self.request.connection.write(memoryview(buffer))  # type: ignore[union-attr]
+        await self.request.connection.write(memoryview(buffer))  # type: ignore[union-attr, arg-type]
         buffer[:] = b"b" * BIG
         self.finish()
 
