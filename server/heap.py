@@ -18,8 +18,8 @@ Only the executor waits longer. The front ends measured no collections to save (
 per 1,000 requests), and what a client leaves may be cyclic garbage that only a collection
 frees. Closed HTTP connections were such garbage, each with its 64 KiB read buffer: with this
 threshold everywhere, a one-process server kept 17.6 MiB more after 600 refused requests on
-fresh connections. ``HttpConnection`` now lets go of them itself; gRPC connections have not
-been checked.
+fresh connections. ``HttpConnection`` now lets go of them itself; closed gRPC connections and
+their calls were checked the same way and hold no cycle (a test guards each port).
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ def test_memory_stays_flat_over_rejected_requests(server: ServerProcess) -> None
         ("POST", "/v2/models/nope/infer", b"{}"),
         ("GET", "/v2/models/simple/versions/999", None),
     ]
+
     def burst(count: int) -> None:
         for index in range(count):
             method, path, body = bad[index % len(bad)]
