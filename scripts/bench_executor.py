@@ -184,7 +184,8 @@ async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[f
     core than this one where there are two: CPU seconds of this process alone per answered
     request, counted from when the driver has built its frames, and the first answer's body."""
     cores = sorted(os.sched_getaffinity(0))
-    apart = ("--core", str(cores[1])) if len(cores) > 1 else ()
+    core = driver_core()
+    apart = () if core is None else ("--core", str(core))
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--drive-fd", str(sock.fileno()), "--requests",
         str(requests), "--depth", str(depth), *apart,
@@ -192,7 +193,7 @@ async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[f
     )
     sock.close()  # the driver's now
     assert child.stdin is not None and child.stdout is not None
-    if apart:
+    if core is not None:
         os.sched_setaffinity(0, cores[:1])
     answer = b""
     try:
@@ -203,7 +204,7 @@ async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[f
         answer = await asyncio.wait_for(child.stdout.readline(), _TIMEOUT_S)
         spent = time.process_time() - began
     finally:
-        if apart:
+        if core is not None:
             os.sched_setaffinity(0, cores)
         if not answer and child.returncode is None:  # a timeout: it is not waited for
             child.kill()
@@ -211,6 +212,13 @@ async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[f
     if child.returncode != 0 or not answer:
         raise SystemExit(f"bench_executor: the driver process failed ({child.returncode})")
     return spent / requests, bytes.fromhex(answer.decode())
+
+
+def driver_core() -> int | None:
+    """The core the ``driver apart`` cell pins its driver to (this process keeps the first);
+    None on one core, where the two share it."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[1] if len(cores) > 1 else None
 
 
 def run_driver(fd: int, requests: int, depth: int, core: int | None) -> None:
@@ -403,8 +411,8 @@ def report(
     header = ["cell", "executor", "floor (decode, run, answer)", "executor − floor",
               "executor ÷ floor"]
     apart = (
-        "its own process, on another core" if len(os.sched_getaffinity(0)) > 1
-        else "its own process (one core here: they share it)"
+        "its own process (one core here: they share it)" if driver_core() is None
+        else "its own process, on another core"
     )
     cells = (
         f"pipelined: {args.depth} in flight, the driver in the server's process (its CPU "

@@ -5,7 +5,6 @@ cancellation of an RPC whose deadline has passed (triton-facts §1.3)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +36,7 @@ from server.memory.host_pool import HostBufferPool
 from server.protocol.grpc_codec import SPLIT_ABOVE_BYTES
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
+from tests.collector import alive, collector_off, until_empty
 from tests.server.grpc.helpers import SLOW_READER, settled
 from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
 
@@ -563,13 +563,6 @@ def test_closed_connections_and_their_calls_are_freed_without_the_collector() ->
     failed), so their reference counts free them and their buffers at once. (The client is
     the raw one: grpcio's keeps a failed call, and its connection, until a collection.)"""
 
-    def alive() -> tuple[int, int]:
-        objects = gc.get_objects()
-        return (
-            sum(isinstance(o, Http2Connection) for o in objects),
-            sum(isinstance(o, Call) for o in objects),
-        )
-
     def calls(port: int) -> list[int | None]:
         service = "/inference.GRPCInferenceService/"
         raw = RawHttp2Client(port)
@@ -595,26 +588,18 @@ def test_closed_connections_and_their_calls_are_freed_without_the_collector() ->
         server = GrpcServer(plane, None)
         port = server.bind("127.0.0.1", 0)
         await server.start()
-        collecting = gc.isenabled()
-        gc.collect()
-        gc.disable()
         # pytest keeps every record logged, and the failed call's keeps its traceback
         logging.disable(logging.ERROR)
         try:
-            before = alive()
-            for _ in range(5):
-                statuses = await asyncio.to_thread(calls, port)
-                assert statuses == [StatusCode.OK, StatusCode.INTERNAL, StatusCode.OK]
-            for _ in range(500):  # until the server has seen the last one go
-                if not server._service.connections:
-                    break
-                await asyncio.sleep(0.01)
-            assert not server._service.connections
-            assert alive() == before
+            with collector_off():
+                before = alive(Http2Connection, Call)
+                for _ in range(5):
+                    statuses = await asyncio.to_thread(calls, port)
+                    assert statuses == [StatusCode.OK, StatusCode.INTERNAL, StatusCode.OK]
+                await until_empty(server._service.connections)
+                assert alive(Http2Connection, Call) == before
         finally:
             logging.disable(logging.NOTSET)
-            if collecting:
-                gc.enable()
             await server.stop(0)
 
     asyncio.run(main())

@@ -7,7 +7,6 @@ answer is being made."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ from server.http.connection import HttpConnection, HttpService
 from server.http.delegates import TornadoDelegate
 from server.http.endpoint import service
 from server.listener import Listener
+from tests.collector import alive, collector_off, until_empty
 
 BIG = 8 << 20
 
@@ -373,16 +373,10 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
     """Nothing refers back to a lost connection (its parser, transport or idle timer), so its
     reference count frees it and its read buffer at once."""
 
-    def alive() -> int:
-        return sum(1 for o in gc.get_objects() if isinstance(o, HttpConnection))
-
     async def main() -> None:
         async with serving() as (http, port):
-            collecting = gc.isenabled()
-            gc.collect()
-            gc.disable()
-            try:
-                before = alive()
+            with collector_off():
+                before = alive(HttpConnection)
                 for _ in range(10):
                     reader, writer = await exchange(
                         port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -391,14 +385,7 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
                     assert await reader.read() == b""
                     writer.close()
                     await writer.wait_closed()
-                for _ in range(100):  # until the server has seen the last one go
-                    if not http.connections:
-                        break
-                    await asyncio.sleep(0.01)
-                assert not http.connections
-                assert alive() == before
-            finally:
-                if collecting:
-                    gc.enable()
+                await until_empty(http.connections)
+                assert alive(HttpConnection) == before
 
     event_loop.run(main())
