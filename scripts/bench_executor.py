@@ -10,26 +10,30 @@ of socket and ``Channel``. That server decodes each message, runs the same ONNX 
 the inline bytes and sends back a ``Done``, which any executor has to do. The difference between
 the two is what the executor's layers add: validation, scheduling, statistics, arenas.
 
-Three cells, each timed ``--repeat`` times, each server in turn:
+Both servers run as the executor's process does: on its event loop (``server.event_loop``:
+uvloop where it is installed), under its CPU policy (``SCHED_BATCH``, which the driver's process
+inherits, as front ends have it) and with its collector settings once serving (``heap``). Three
+cells, each timed ``--repeat`` times, each server in turn:
 
 - ``pipelined``: ``--depth`` requests in flight, each answer followed at once by the next
   request, so the process never waits and its caches stay warm;
-- ``after idle``: one request at a time, each sent ``--gap-us`` after the previous answer. The
-  process blocks between requests, as an executor does at low load. The code is the same; only
-  the block in between differs.
 - ``driver apart``: as ``pipelined``, but the driver is this script in a process of its own,
   on another core where there is one (each process pinned to its core for the run). The figure
   is the server's process alone, as an executor with a core to itself on a many-core host
   spends: no driver in it, but every message crosses between cores.
+- ``after idle``: the driver apart, one request at a time, each sent ``--gap-us`` after the
+  previous answer (the driver sleeps; loop timers cannot: uvloop's count whole milliseconds and
+  round 200 µs down to none). The server blocks on its socket between requests and wakes up for
+  each, as an executor at low load does. The code is the same; only the block in between
+  differs.
 
-Beside them, ``sleep alone``: the same wait on the loop's timer with no request at all, which
-is what blocking and waking up costs this process on this machine whatever it runs. On our
-2-core VMs it is tens of µs, and the code run after each wake-up costs several times what it
-costs pipelined (its caches are cold): the ``after idle`` cell holds both.
+Beside them, ``wake alone``: the server's process blocked on a socket that the process apart
+writes one byte to, ``--gap-us`` apart, with nothing else to do. It is what blocking and waking
+up costs this process on this machine whatever it runs; the ``after idle`` cell holds it and
+the code run after each wake-up, whose caches may have gone cold meanwhile.
 
 Figures are CPU µs per request of the server's process: with the driver's (the same for both
-servers) in the first two cells, without it in ``driver apart``. They are for people, never a
-CI gate.
+servers) in ``pipelined``, without it in the other two. They are for people, never a CI gate.
 
     python scripts/bench_executor.py [--repeat 7] [--requests 4000] [--depth 8] [--gap-us 200]
 """
@@ -48,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,7 @@ if __package__ in (None, ""):  # run as a file: make the `scripts` package impor
     sys.path.insert(0, str(ROOT))
 
 from scripts.bench_common import PINNED_THREADS, machine_facts, markdown_table
+from server import event_loop, heap
 
 os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their thread pools
 
@@ -70,6 +75,7 @@ from server.ipc import messages as m
 from server.ipc.channel import Channel, receive_hello, send_hello
 from server.ipc.service import ExecutorService
 from server.memory.arena import Arena
+from server.processes.cpu_policy import use_batch_policy
 from server.repository.manager import ModelRepository
 from server.settings import Settings
 
@@ -81,7 +87,7 @@ BUDGET_US = 30.0  # issue 15: the executor, per unbatched small request
 _LENGTH = struct.Struct("<I")
 _TIMEOUT_S = 120.0
 _DONE_TAG = m.Done.__struct_config__.tag
-APART = "driver apart"
+PIPELINED, APART, AFTER_IDLE = CELLS = ("pipelined", "driver apart", "after idle")
 
 
 def infer_frames(count: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
@@ -102,9 +108,10 @@ def infer_frames(count: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
 
 
 class Driver(asyncio.BufferedProtocol):
-    """Sends the frames, ``depth`` in flight (or one at a time, ``gap_s`` after each answer),
-    and counts the ``Done`` answers by their length prefix and tag (the second byte of a
-    short msgpack array); the first is kept to be checked."""
+    """Sends the frames, ``depth`` in flight (or one at a time, ``gap_s`` after each answer:
+    a sleep that blocks, in the driver's own process only), and counts the ``Done`` answers by
+    their length prefix and tag (the second byte of a short msgpack array); the first is kept
+    to be checked."""
 
     def __init__(self, frames: list[bytes], depth: int, gap_s: float) -> None:
         self._frames = frames
@@ -148,9 +155,8 @@ class Driver(asyncio.BufferedProtocol):
             start = end
             self.answers += 1
             if self._gap_s:
-                asyncio.get_running_loop().call_later(self._gap_s, self._send)
-            else:
-                self._send()
+                time.sleep(self._gap_s)  # the process has nothing else to do meanwhile
+            self._send()
         remaining = self._filled - start
         self._buffer[:remaining] = self._view[start : self._filled]
         self._filled = remaining
@@ -179,16 +185,21 @@ async def drive(
     return spent / driver.answers, driver.first
 
 
-async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[float, bytes]:
+async def apart(
+    sock: socket.socket, requests: int, depth: int, gap_us: int, wakes: bool = False
+) -> tuple[float, bytes]:
     """``drive`` from a process of its own (this script with ``--drive-fd``), pinned to another
-    core than this one where there are two: CPU seconds of this process alone per answered
-    request, counted from when the driver has built its frames, and the first answer's body."""
+    core than this one where there are two; with ``wakes``, that process writes one byte
+    ``gap_us`` apart instead. CPU seconds of this process alone per request (or byte), counted
+    from when the driver has built its frames, and the first answer's body (empty for bytes)."""
     cores = sorted(os.sched_getaffinity(0))
     core = driver_core()
-    apart = () if core is None else ("--core", str(core))
+    options = [] if core is None else ["--core", str(core)]
+    if wakes:
+        options.append("--wakes")
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--drive-fd", str(sock.fileno()), "--requests",
-        str(requests), "--depth", str(depth), *apart,
+        str(requests), "--depth", str(depth), "--gap-us", str(gap_us), *options,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(sock.fileno(),),
     )
     sock.close()  # the driver's now
@@ -215,26 +226,34 @@ async def drive_apart(sock: socket.socket, requests: int, depth: int) -> tuple[f
 
 
 def driver_core() -> int | None:
-    """The core the ``driver apart`` cell pins its driver to (this process keeps the first);
-    None on one core, where the two share it."""
+    """The core the driver apart is pinned to (this process keeps the first); None on one
+    core, where the two share it."""
     cores = sorted(os.sched_getaffinity(0))
     return cores[1] if len(cores) > 1 else None
 
 
-def run_driver(fd: int, requests: int, depth: int, core: int | None) -> None:
-    """The ``driver apart`` cell's other process: builds its frames, says so, waits for the
-    word, drives the server on the socket ``fd`` and prints the first answer's body (hex)."""
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    frames, _, _ = infer_frames(requests)
+def run_driver(args: argparse.Namespace) -> None:
+    """The process apart: builds its frames, says so, waits for the word, then drives the
+    server on the socket ``--drive-fd`` and prints the first answer's body (hex), or with
+    ``--wakes`` writes its bytes and prints an empty line."""
+    if args.core is not None:
+        os.sched_setaffinity(0, {args.core})
+    sock = socket.socket(fileno=args.drive_fd)
+    frames, _, _ = infer_frames(args.requests)
     print(flush=True)
     sys.stdin.readline()
+    if args.wakes:
+        for _ in range(args.requests):
+            time.sleep(args.gap_us / 1e6)
+            sock.sendall(b"w")
+        print(flush=True)
+        return
 
     async def driven() -> bytes:
-        _, first = await drive(socket.socket(fileno=fd), frames, depth, 0.0)
+        _, first = await drive(sock, frames, args.depth, args.gap_us / 1e6)
         return first
 
-    print(asyncio.run(driven()).hex(), flush=True)
+    print(event_loop.run(driven()).hex(), flush=True)
 
 
 class FloorServer:
@@ -336,36 +355,49 @@ def check_answer(body: bytes, first: np.ndarray, second: np.ndarray) -> None:
             raise SystemExit(f"bench_executor: wrong {name}: {got}")
 
 
-async def sleep_alone(count: int, gap_s: float) -> float:
-    """CPU seconds of this process per wait of ``gap_s`` on the loop's timer, nothing else run
-    (as the driver waits between the ``after idle`` cell's requests)."""
-    loop = asyncio.get_running_loop()
-    began = time.process_time()
-    for _ in range(count):
-        waited: asyncio.Future[None] = loop.create_future()
-        loop.call_later(gap_s, waited.set_result, None)
-        await waited
-    return (time.process_time() - began) / count
+class Wakes(asyncio.Protocol):
+    """Reads the bytes of ``wake alone``, doing nothing with them."""
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+async def wake_alone(count: int, gap_us: int) -> float:
+    """CPU seconds of this process per wake-up for one byte on a socket, ``gap_us`` apart,
+    nothing else run (as a server waits between the ``after idle`` cell's requests)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(Wakes, ours)
+    try:
+        per_wake, _ = await apart(theirs, count, 1, gap_us, wakes=True)
+    finally:
+        transport.close()
+    return per_wake
 
 
 async def measure(
     args: argparse.Namespace,
 ) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
-    """µs per request for each cell and server, and µs per ``sleep alone``, one figure per
+    """µs per request for each cell and server, and µs per ``wake alone``, one figure per
     repeat."""
     frames, first, second = infer_frames(args.requests)
     warm_frames = frames[: min(len(frames), 200)]
-    cells = {"pipelined": (args.depth, 0.0), "after idle": (1, args.gap_us / 1e6)}
     figures: dict[str, dict[str, list[float]]] = {
-        cell: {"executor": [], "floor": []} for cell in (*cells, APART)
+        cell: {"executor": [], "floor": []} for cell in CELLS
     }
-    sleeps: list[float] = []
+    wakes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as folder:
         executor = ExecutorUnderTest(Path(folder))
         await executor.start()
         floor = FloorServer(EXAMPLE / "1" / "model.onnx")
+        heap.settle(heap.EXECUTOR_YOUNG_THRESHOLD)  # as the executor's process, once serving
         connect: dict[str, Callable[[], Any]] = {
             "executor": executor.connect, "floor": lambda: floor_socket(floor),
+        }
+        cells: dict[str, Callable[[socket.socket], Awaitable[tuple[float, bytes]]]] = {
+            PIPELINED: lambda sock: drive(sock, frames, args.depth, 0.0),
+            APART: lambda sock: apart(sock, args.requests, args.depth, 0),
+            AFTER_IDLE: lambda sock: apart(sock, args.requests, 1, args.gap_us),
         }
         try:
             for name, opener in connect.items():  # warm: the runner goes inline after its trials
@@ -373,25 +405,24 @@ async def measure(
                     _, body = await drive(await opener(), warm_frames, args.depth, 0.0)
                     check_answer(body, first, second)
             for _ in range(args.repeat):
-                for cell, (depth, gap_s) in cells.items():
+                for cell, run in cells.items():
                     for name, opener in connect.items():
-                        per_request, body = await drive(await opener(), frames, depth, gap_s)
+                        per_request, body = await run(await opener())
                         check_answer(body, first, second)
                         figures[cell][name].append(per_request * 1e6)
-                for name, opener in connect.items():
-                    per_request, body = await drive_apart(
-                        await opener(), args.requests, args.depth
-                    )
-                    check_answer(body, first, second)
-                    figures[APART][name].append(per_request * 1e6)
-                sleeps.append(await sleep_alone(args.requests, args.gap_us / 1e6) * 1e6)
+                wakes.append(await wake_alone(args.requests, args.gap_us) * 1e6)
         finally:
             await executor.close()
-    return figures, sleeps
+    return figures, wakes
+
+
+def loop_name() -> str:
+    """The event loop both servers run on, as the report names it."""
+    return "asyncio's own loop" if event_loop.loop_factory() is None else "uvloop's loop"
 
 
 def report(
-    figures: dict[str, dict[str, list[float]]], sleeps: list[float], args: argparse.Namespace
+    figures: dict[str, dict[str, list[float]]], wakes: list[float], args: argparse.Namespace
 ) -> str:
     rows = []
     for cell, by_server in figures.items():
@@ -415,15 +446,16 @@ def report(
         else "its own process, on another core"
     )
     cells = (
-        f"pipelined: {args.depth} in flight, the driver in the server's process (its CPU "
-        f"included); after idle: the same driver, one request at a time, {args.gap_us} µs after "
-        f"each answer; {APART}: {args.depth} in flight, the driver in {apart} (its CPU not "
-        f"included); {args.requests} requests per run. Issue 15's budget for the executor: "
-        f"{BUDGET_US:.0f} µs per unbatched small request."
+        f"{PIPELINED}: {args.depth} in flight, the driver in the server's process (its CPU "
+        f"included); {APART}: {args.depth} in flight, the driver in {apart} (its CPU not "
+        f"included); {AFTER_IDLE}: the driver apart, one request at a time, {args.gap_us} µs "
+        f"after each answer; {args.requests} requests per run, on {loop_name()}. Issue 15's "
+        f"budget for the executor: {BUDGET_US:.0f} µs per unbatched small request."
     )
     alone = (
-        f"sleep alone (a {args.gap_us} µs wait on the loop's timer, no request): "
-        f"{min(sleeps):.1f} / {statistics.median(sleeps):.1f} µs of this process's CPU per wait."
+        f"wake alone (blocked on a socket, woken by one byte every {args.gap_us} µs, no "
+        f"request): {min(wakes):.1f} / {statistics.median(wakes):.1f} µs of this process's CPU "
+        "per wake-up."
     )
     machine = (
         f"{facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, ONNX Runtime "
@@ -440,20 +472,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-us", type=int, default=200,
                         help="pause before each request of the 'after idle' cell")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
-    # the driver apart: this script in its own process (see ``drive_apart``)
+    # the driver apart: this script in its own process (see ``apart``)
     parser.add_argument("--drive-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--core", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--wakes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drive_fd is not None:
-        run_driver(args.drive_fd, args.requests, args.depth, args.core)
+        run_driver(args)
         return 0
     if min(args.repeat, args.requests, args.depth) < 1 or args.gap_us < 1:
         parser.error("--repeat, --requests, --depth and --gap-us must be positive")
-    figures, sleeps = asyncio.run(measure(args))
-    print(report(figures, sleeps, args))
+    use_batch_policy()  # as the executor's process (and the front ends: the driver inherits it)
+    figures, wakes = event_loop.run(measure(args))
+    print(report(figures, wakes, args))
     if args.json is not None:
         args.json.write_text(json.dumps(
-            {"figures": figures, "sleep_alone": sleeps, "args": vars(args) | {"json": None}},
+            {"figures": figures, "wake_alone": wakes, "args": vars(args) | {"json": None}},
             indent=2,
         ))
     return 0
