@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from server import event_loop  # asyncio, and uvloop where installed
 from server.loadtest.measurements import Sample as LoadSample  # standard library only
 
 if TYPE_CHECKING:
@@ -322,8 +323,7 @@ class _EchoProtocol(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._filled == len(self._buffer):
@@ -358,7 +358,7 @@ def _echo_main(port_pipe: Connection) -> None:
         port_pipe.send(server.sockets[0].getsockname()[1])
         await asyncio.Event().wait()  # until the parent terminates this process
 
-    asyncio.run(serve())
+    event_loop.run(serve())  # the loop the server runs on: its sockets cost what the server's do
 
 
 class EchoServer:

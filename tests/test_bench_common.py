@@ -1,10 +1,19 @@
-"""The interpreter's build as the benchmarks report it (``scripts.bench_common.python_build``)."""
+"""The interpreter's build as the benchmarks report it (``scripts.bench_common.python_build``),
+and the socket echo baseline, served on the server's event loop."""
 
 from __future__ import annotations
 
+import socket
 import sys
 
-from scripts.bench_common import interpreter_line, machine_facts, python_build
+from scripts.bench_common import (
+    EchoServer,
+    echo_request,
+    interpreter_line,
+    machine_facts,
+    python_build,
+)
+from server import event_loop
 
 _SHARED_MAPS = """\
 55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234 /opt/python/bin/python3.11
@@ -65,3 +74,20 @@ def test_the_interpreter_line_names_version_build_and_server() -> None:
     assert interpreter_line("tensorgate") == (
         f"python {sys.version.split()[0]} (tensorgate's too): {python_build()}."
     )
+
+
+def test_the_echo_server_answers_the_length_asked_for_on_the_servers_loop() -> None:
+    echo = EchoServer()
+    try:
+        with socket.create_connection(echo.address, timeout=10) as client:
+            for request, reply in ((100, 40), (64, 300)):  # cut, then zero-padded
+                message = echo_request(request, reply)
+                client.sendall(message)
+                answer = b""
+                while len(answer) < reply:
+                    answer += client.recv(reply - len(answer))
+                assert answer == (message + bytes(max(0, reply - request)))[:reply]
+        with open(f"/proc/{echo.pid}/maps") as maps:
+            assert ("uvloop" in maps.read()) == (event_loop.loop_factory() is not None)
+    finally:
+        echo.stop()
