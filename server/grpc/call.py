@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -95,6 +97,10 @@ class CallContext(Protocol):
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
 
+    def time_remaining(self) -> float | None:
+        """Seconds left before the call's deadline (None: it has none), as grpcio's."""
+        ...
+
     async def abort(self, code: StatusCode, details: str) -> None: ...
 
     @property
@@ -136,6 +142,7 @@ class Call:
     """One stream of ``connection``, id ``stream_id``, calling ``method``."""
 
     __slots__ = (
+        "_deadline",
         "_finished",
         "_flag",
         "_left",
@@ -206,6 +213,7 @@ class Call:
         # a unary request's one message (a view of ``_pooled`` when pooled)
         self._request: _Received | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # the call's end (``time.monotonic``), when it has a timeout
         self._finished = False
         self._refusal: tuple[StatusCode, str] | None = None
         #: what the response messages are compressed with (None: identity)
@@ -218,6 +226,11 @@ class Call:
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self.head.metadata
+
+    def time_remaining(self) -> float | None:
+        if self.head.timeout is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
 
     async def abort(self, code: StatusCode, details: str) -> None:
         raise AbortError(code, details)
@@ -233,6 +246,7 @@ class Call:
         reads them as they come), else once the request is complete."""
         timeout = self.head.timeout
         if timeout is not None:
+            self._deadline = time.monotonic() + timeout
             self._timer = self.connection.loop.call_later(timeout, self._expire)
         method = self.method
         assert method is not None
@@ -576,6 +590,13 @@ class Call:
     # --- the end --------------------------------------------------------------------------
 
     def _expire(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left > 0:
+            # Early: uvloop's timers count whole milliseconds from the time the loop last
+            # read the clock (a 400 µs deadline fired after 0.14-0.18 ms, 1.4 ms after 1.3).
+            # The rest is waited for in whole milliseconds, rounded up.
+            self._timer = self.connection.loop.call_later(math.ceil(left * 1e3) / 1e3, self._expire)
+            return
         self._timer = None
         if not self._finished:
             self.finish(StatusCode.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED)

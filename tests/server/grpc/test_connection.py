@@ -21,6 +21,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from tornado.netutil import bind_sockets
 
+from server import event_loop
 from server.errors import Unavailable
 from server.grpc import connection as grpc_connection
 from server.grpc.call import REFUSAL_DELAY_S, CallContext, Method
@@ -29,7 +30,7 @@ from server.grpc.status import StatusCode
 from server.listener import Listener
 from server.settings import GrpcKeepalive
 from tests.server.grpc.fakes import Buffer, Pool
-from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
+from tests.server.grpc.raw_http2 import RawHttp2Client, call_headers, grpc_message
 
 
 class Handlers:
@@ -42,6 +43,7 @@ class Handlers:
         self.read: list[bytes] = []
         self.buffers: list[Any] = []  # each call's context.request_buffer
         self.cleaned_up = 0  # ``ticks`` streams that ran their clean-up
+        self.left: list[float | None] = []  # each cancelled ``block`` call's time remaining
 
     async def echo(self, request: bytes, context: CallContext) -> bytes:
         self.buffers.append(context.request_buffer)
@@ -54,6 +56,7 @@ class Handlers:
         try:
             await self.release.wait()
         except asyncio.CancelledError:
+            self.left.append(context.time_remaining())
             self.cancelled += 1
             await asyncio.shield(self.release.wait())
             raise
@@ -84,6 +87,13 @@ class Handlers:
         for _ in range(3):
             yield bytes(request)
 
+    async def remaining(self, request: bytes, context: CallContext) -> bytes:
+        """"ok" when the time remaining is the client's deadline less a moment; "none"."""
+        left = context.time_remaining()
+        if left is None:
+            return b"none"
+        return b"ok" if 2.5 < left <= 3.0 else str(left).encode()
+
     async def metadata(self, request: bytes, context: CallContext) -> bytes:
         return repr(sorted(context.invocation_metadata())).encode()
 
@@ -109,7 +119,7 @@ class Handlers:
                 yield reply
 
     def methods(self) -> dict[str, Method]:
-        unary = ("echo", "block", "fail", "abort", "long_abort", "metadata")
+        unary = ("echo", "block", "fail", "abort", "long_abort", "metadata", "remaining")
         table = {f"/t/{name}": Method(getattr(self, name)) for name in unary}
         table["/t/ticks"] = Method(self.ticks, response_streaming=True)
         table["/t/stream"] = Method(self.stream, request_streaming=True, response_streaming=True)
@@ -125,12 +135,13 @@ class Handlers:
 
 
 class Server:
-    """A ``GrpcService`` on its own loop in a thread, on a free port of 127.0.0.1."""
+    """A ``GrpcService`` on its own loop in a thread (the loop the server runs on: uvloop's
+    where it is installed), on a free port of 127.0.0.1."""
 
     def __init__(
         self, keepalive: GrpcKeepalive, max_message_size: int, buffers: Any = None
     ) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = (event_loop.loop_factory() or asyncio.new_event_loop)()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.handlers = self.run(self._handlers())
@@ -485,6 +496,29 @@ def test_a_reset_or_a_deadline_cancels_the_handler() -> None:
         raw.flush()
         raw.wait(lambda: server.handlers.cancelled == 2)
         assert server.handlers.cancelled == 2
+
+
+@pytest.mark.parametrize("timeout", ["400u", "1400u", "20m"])
+def test_a_deadline_never_ends_a_call_early(timeout: str) -> None:
+    """uvloop's timers count whole milliseconds from the loop's last look at the clock: calls
+    with a 400 µs deadline were cancelled after 0.14-0.19 ms, 1.4 ms after 1.27-1.32 ms."""
+    with serving() as server, client(server) as raw:
+        for _ in range(5):
+            stream = raw.h2.get_next_available_stream_id()
+            headers = call_headers(server.port, "/t/block", ("grpc-timeout", timeout))
+            raw.h2.send_headers(stream, headers)
+            raw.h2.send_data(stream, grpc_message(b"x"), end_stream=True)
+            raw.flush()
+            assert raw.finish(stream).status == StatusCode.DEADLINE_EXCEEDED
+        raw.wait(lambda: server.handlers.cancelled == server.handlers.started)
+        assert server.handlers.left  # (a handler not started before the deadline is not run)
+        assert server.handlers.left == [0.0] * len(server.handlers.left)
+
+
+def test_the_time_remaining_is_the_deadlines() -> None:
+    with serving() as server, client(server) as raw:
+        assert raw.call("/t/remaining", b"", ("grpc-timeout", "3S")).messages() == [b"ok"]
+        assert raw.call("/t/remaining", b"").messages() == [b"none"]
 
 
 def test_an_unread_stream_holds_the_clients_window() -> None:
