@@ -6,6 +6,8 @@ NVIDIA's perf_analyzer measures each in turn on these rows:
 
 - ``simple-http``: ``simple`` over HTTP (perf_analyzer sends binary tensors), concurrency 8;
 - ``simple-grpc``: ``simple`` over gRPC, concurrency 8;
+- ``simple-http-c1`` / ``simple-grpc-c1``: the same at concurrency 1, one request at a time,
+  where the latency of each is the cost of every hop it makes (no goal in issue 15);
 - ``mlp-on`` / ``mlp-off``: ``mlp`` over gRPC, concurrency 32, dynamic batching on / off;
 - ``identity-16mb``: ``identity_fp32`` with a 16 MiB FP32 input over HTTP, concurrency 1;
 - ``identity-4mb-stream``: ``identity_fp32`` with 4 MiB inputs over gRPC ModelStreamInfer
@@ -117,6 +119,8 @@ class Row:
 ROWS = (
     Row("simple-http", "simple HTTP binary c=8", "simple", "http", 8, 1.0),
     Row("simple-grpc", "simple gRPC c=8", "simple", "grpc", 8, 0.9),
+    Row("simple-http-c1", "simple HTTP binary c=1", "simple", "http", 1, None),
+    Row("simple-grpc-c1", "simple gRPC c=1", "simple", "grpc", 1, None),
     Row("mlp-on", "mlp gRPC c=32 batching on", "mlp", "grpc", 32, 0.8),
     Row("mlp-off", "mlp gRPC c=32 batching off", MLP_OFF, "grpc", 32, None),
     # 16 MiB of FP32 (dims [-1] after the batch dimension)
