@@ -1,9 +1,9 @@
-"""Benchmark the executor's side of the seam in one process, beside the floor under it.
+"""Benchmark the executor's side of the seam, beside the floor under it.
 
 Issue 15 gives the executor 30 µs of CPU per unbatched small request. ``bench_vs_triton.py``
 measures it under perf_analyzer, where the figure moves with everything else sharing the cores.
-This benchmark holds the rest still. A driver in this process pipelines pre-encoded ``Infer``
-messages for the example ``simple`` model (INT32 [1,16] twice, inline) over a real Unix socket to
+This benchmark holds the rest still. A driver (in this process, or in one of its own) sends
+pre-encoded ``Infer`` messages for the example ``simple`` model (INT32 [1,16] twice, inline) over a real Unix socket to
 a real ``ExecutorService`` (repository, ``DataPlane``, ONNX Runtime on one intra-op thread), and
 counts the ``Done`` answers. The floor is the same driver against a bare server on the same kind
 of socket and ``Channel``. That server decodes each message, runs the same ONNX Runtime session on
@@ -85,7 +85,7 @@ OUTPUTS = ("OUTPUT0", "OUTPUT1")
 ARENA_BYTES = 1 << 20
 BUDGET_US = 30.0  # issue 15: the executor, per unbatched small request
 _LENGTH = struct.Struct("<I")
-_TIMEOUT_S = 120.0
+_TIMEOUT_S = 120.0  # for a run, beyond its gaps (see ``time_limit``)
 _DONE_TAG = m.Done.__struct_config__.tag
 PIPELINED, APART, AFTER_IDLE = CELLS = ("pipelined", "driver apart", "after idle")
 
@@ -154,7 +154,7 @@ class Driver(asyncio.BufferedProtocol):
                 self.first = bytes(self._view[start + _LENGTH.size : end])
             start = end
             self.answers += 1
-            if self._gap_s:
+            if self._gap_s and self._next < len(self._frames):
                 time.sleep(self._gap_s)  # the process has nothing else to do meanwhile
             self._send()
         remaining = self._filled - start
@@ -178,7 +178,7 @@ async def drive(
     transport, _ = await loop.connect_accepted_socket(lambda: driver, sock)
     began = time.process_time()
     driver.start(transport)
-    await asyncio.wait_for(driver.done, _TIMEOUT_S)
+    await asyncio.wait_for(driver.done, time_limit(len(frames), gap_s))
     spent = time.process_time() - began
     transport.close()
     assert driver.first is not None
@@ -212,7 +212,9 @@ async def apart(
         began = time.process_time()
         child.stdin.write(b"go\n")
         await child.stdin.drain()
-        answer = await asyncio.wait_for(child.stdout.readline(), _TIMEOUT_S)
+        answer = await asyncio.wait_for(
+            child.stdout.readline(), time_limit(requests, gap_us / 1e6)
+        )
         spent = time.process_time() - began
     finally:
         if core is not None:
@@ -223,6 +225,12 @@ async def apart(
     if child.returncode != 0 or not answer:
         raise SystemExit(f"bench_executor: the driver process failed ({child.returncode})")
     return spent / requests, bytes.fromhex(answer.decode())
+
+
+def time_limit(requests: int, gap_s: float) -> float:
+    """How long a run of ``requests`` may take: its gaps twice over (sleeps overshoot), and
+    ``_TIMEOUT_S`` for the rest."""
+    return _TIMEOUT_S + 2 * requests * gap_s
 
 
 def driver_core() -> int | None:
@@ -239,15 +247,17 @@ def run_driver(args: argparse.Namespace) -> None:
     if args.core is not None:
         os.sched_setaffinity(0, {args.core})
     sock = socket.socket(fileno=args.drive_fd)
-    frames, _, _ = infer_frames(args.requests)
-    print(flush=True)
-    sys.stdin.readline()
     if args.wakes:
+        print(flush=True)
+        sys.stdin.readline()
         for _ in range(args.requests):
             time.sleep(args.gap_us / 1e6)
             sock.sendall(b"w")
         print(flush=True)
         return
+    frames, _, _ = infer_frames(args.requests)
+    print(flush=True)
+    sys.stdin.readline()
 
     async def driven() -> bytes:
         _, first = await drive(sock, frames, args.depth, args.gap_us / 1e6)
@@ -422,7 +432,10 @@ def loop_name() -> str:
 
 
 def report(
-    figures: dict[str, dict[str, list[float]]], wakes: list[float], args: argparse.Namespace
+    figures: dict[str, dict[str, list[float]]],
+    wakes: list[float],
+    args: argparse.Namespace,
+    batch_policy: bool,
 ) -> str:
     rows = []
     for cell, by_server in figures.items():
@@ -441,16 +454,17 @@ def report(
     )
     header = ["cell", "executor", "floor (decode, run, answer)", "executor − floor",
               "executor ÷ floor"]
-    apart = (
+    where = (
         "its own process (one core here: they share it)" if driver_core() is None
         else "its own process, on another core"
     )
     cells = (
         f"{PIPELINED}: {args.depth} in flight, the driver in the server's process (its CPU "
-        f"included); {APART}: {args.depth} in flight, the driver in {apart} (its CPU not "
+        f"included); {APART}: {args.depth} in flight, the driver in {where} (its CPU not "
         f"included); {AFTER_IDLE}: the driver apart, one request at a time, {args.gap_us} µs "
-        f"after each answer; {args.requests} requests per run, on {loop_name()}. Issue 15's "
-        f"budget for the executor: {BUDGET_US:.0f} µs per unbatched small request."
+        f"after each answer; {args.requests} requests per run, on {loop_name()}, under "
+        f"{'SCHED_BATCH' if batch_policy else 'the CPU policy this was started with'}. Issue "
+        f"15's budget for the executor: {BUDGET_US:.0f} µs per unbatched small request."
     )
     alone = (
         f"wake alone (blocked on a socket, woken by one byte every {args.gap_us} µs, no "
@@ -482,9 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if min(args.repeat, args.requests, args.depth) < 1 or args.gap_us < 1:
         parser.error("--repeat, --requests, --depth and --gap-us must be positive")
-    use_batch_policy()  # as the executor's process (and the front ends: the driver inherits it)
+    # as the executor's process (and the front ends: the driver inherits it)
+    batch_policy = use_batch_policy()
     figures, wakes = event_loop.run(measure(args))
-    print(report(figures, wakes, args))
+    print(report(figures, wakes, args, batch_policy))
     if args.json is not None:
         args.json.write_text(json.dumps(
             {"figures": figures, "wake_alone": wakes, "args": vars(args) | {"json": None}},

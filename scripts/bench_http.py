@@ -3,8 +3,8 @@
 Prints requests/s and p50/p99 latency for the ``simple`` add/sub model (JSON and binary, concurrency
 1 and 8) and MB/s for 16 MiB FP32 identity round trips, each next to (a) a direct ONNX Runtime
 ``InferenceSession.run`` on the same model file and inputs and (b) a plain socket echo, on the
-server's event loop, moving the same bytes at the same concurrency. Figures are for people, never a CI gate: on a shared 2-core
-machine only the ratios carry from one run to the next.
+server's event loop, moving the same bytes at the same concurrency. Figures are for people, never
+a CI gate: on a shared 2-core machine only the ratios carry from one run to the next.
 
     python scripts/bench_http.py [--seconds 5] [--url HOST:PORT] [--json results.json]
 

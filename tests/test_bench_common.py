@@ -85,7 +85,9 @@ def test_the_echo_server_answers_the_length_asked_for_on_the_servers_loop() -> N
                 client.sendall(message)
                 answer = b""
                 while len(answer) < reply:
-                    answer += client.recv(reply - len(answer))
+                    chunk = client.recv(reply - len(answer))
+                    assert chunk, "the echo server hung up"
+                    answer += chunk
                 assert answer == (message + bytes(max(0, reply - request)))[:reply]
         with open(f"/proc/{echo.pid}/maps") as maps:
             assert ("uvloop" in maps.read()) == (event_loop.loop_factory() is not None)

@@ -592,9 +592,10 @@ class Call:
     def _expire(self) -> None:
         left = self._deadline - time.monotonic()
         if left > 0:
-            # Early: uvloop's timers count whole milliseconds from the time the loop last
-            # read the clock (a 400 µs deadline fired after 0.14-0.18 ms, 1.4 ms after 1.3).
-            # The rest is waited for in whole milliseconds, rounded up.
+            # Early: uvloop rounds a timer's delay to the nearest whole millisecond (under
+            # half of one: none at all), so a 400 µs deadline fired after 0.14-0.19 ms and a
+            # 1.4 ms one after 1.27-1.32 ms. The rest is waited for in whole milliseconds,
+            # rounded up.
             self._timer = self.connection.loop.call_later(math.ceil(left * 1e3) / 1e3, self._expire)
             return
         self._timer = None

@@ -88,7 +88,8 @@ class Handlers:
             yield bytes(request)
 
     async def remaining(self, request: bytes, context: CallContext) -> bytes:
-        """"ok" when the time remaining is the client's deadline less a moment; "none"."""
+        """"ok" when the time remaining is the client's timeout less a moment, "none" when
+        the call has no deadline, else the time remaining."""
         left = context.time_remaining()
         if left is None:
             return b"none"
@@ -504,6 +505,8 @@ def test_a_deadline_never_ends_a_call_early(timeout: str) -> None:
     with a 400 µs deadline were cancelled after 0.14-0.19 ms, 1.4 ms after 1.27-1.32 ms."""
     with serving() as server, client(server) as raw:
         for _ in range(5):
+            # HEADERS and DATA in one write (not ``raw.start``, which flushes the HEADERS): the
+            # handler then starts before the shortest deadline has passed.
             stream = raw.h2.get_next_available_stream_id()
             headers = call_headers(server.port, "/t/block", ("grpc-timeout", timeout))
             raw.h2.send_headers(stream, headers)
@@ -515,7 +518,7 @@ def test_a_deadline_never_ends_a_call_early(timeout: str) -> None:
         assert server.handlers.left == [0.0] * len(server.handlers.left)
 
 
-def test_the_time_remaining_is_the_deadlines() -> None:
+def test_time_remaining_counts_down_from_the_clients_timeout() -> None:
     with serving() as server, client(server) as raw:
         assert raw.call("/t/remaining", b"", ("grpc-timeout", "3S")).messages() == [b"ok"]
         assert raw.call("/t/remaining", b"").messages() == [b"none"]
