@@ -3,9 +3,9 @@
 A benchmark figure means little on its own on a shared 2-core machine, so every figure is printed
 beside a baseline measured in the same run (DESIGN.md, "Testing"): a direct ONNX Runtime call on
 the same model file and inputs, and a plain socket echo of the same number of bytes (on the
-server's event loop). The
-load generator is one Python thread driving non-blocking sockets with pre-encoded requests, so that
-it costs the shared cores as little as Python allows and costs the same in front of every server.
+server's event loop). The load generator is one Python thread driving non-blocking sockets with
+pre-encoded requests, so that it costs the shared cores as little as Python allows and costs the
+same in front of every server.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 Issue 15 gives the executor 30 µs of CPU per unbatched small request. ``bench_vs_triton.py``
 measures it under perf_analyzer, where the figure moves with everything else sharing the cores.
 This benchmark holds the rest still. A driver (in this process, or in one of its own) sends
-pre-encoded ``Infer`` messages for the example ``simple`` model (INT32 [1,16] twice, inline) over a real Unix socket to
-a real ``ExecutorService`` (repository, ``DataPlane``, ONNX Runtime on one intra-op thread), and
-counts the ``Done`` answers. The floor is the same driver against a bare server on the same kind
-of socket and ``Channel``. That server decodes each message, runs the same ONNX Runtime session on
-the inline bytes and sends back a ``Done``, which any executor has to do. The difference between
-the two is what the executor's layers add: validation, scheduling, statistics, arenas.
+pre-encoded ``Infer`` messages for the example ``simple`` model (INT32 [1,16] twice, inline) over
+a real Unix socket to a real ``ExecutorService`` (repository, ``DataPlane``, ONNX Runtime on one
+intra-op thread), and counts the ``Done`` answers. The floor is the same driver against a bare
+server on the same kind of socket and ``Channel``. That server decodes each message, runs the same
+ONNX Runtime session on the inline bytes and sends back a ``Done``, which any executor has to do.
+The difference between the two is what the executor's layers add: validation, scheduling,
+statistics, arenas.
 
 Both servers run as the executor's process does: on its event loop (``server.event_loop``:
 uvloop where it is installed), under its CPU policy (``SCHED_BATCH``, which the driver's process

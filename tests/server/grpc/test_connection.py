@@ -516,6 +516,7 @@ def test_a_deadline_never_ends_a_call_early(timeout: str) -> None:
         raw.wait(lambda: server.handlers.cancelled == server.handlers.started)
         assert server.handlers.left  # (a handler not started before the deadline is not run)
         assert server.handlers.left == [0.0] * len(server.handlers.left)
+        assert raw.call("/t/echo", b"after").messages() == [b"after"]
 
 
 def test_time_remaining_counts_down_from_the_clients_timeout() -> None:
