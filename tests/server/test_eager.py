@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from server import eager
+from server import eager, event_loop
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 
@@ -28,7 +28,7 @@ def test_a_coroutine_that_never_waits_finishes_in_the_call_and_leaves_no_task() 
         assert VAR.get() == "unset"  # its context was a copy
         assert len(asyncio.all_tasks()) == before
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_a_coroutine_that_waits_goes_on_in_a_task_with_its_results_and_context() -> None:
@@ -51,7 +51,7 @@ def test_a_coroutine_that_waits_goes_on_in_a_task_with_its_results_and_context()
         assert steps == ["started", 7, "mine"]
         assert VAR.get() == "unset"
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_task() -> None:
@@ -70,7 +70,7 @@ def test_an_error_of_the_first_step_is_raised_by_start_and_a_later_one_by_the_ta
         with pytest.raises(ValueError, match="later"):
             await task
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 @pytest.mark.parametrize("taken_over", [True, False])
@@ -100,7 +100,7 @@ def test_cancelling_the_task_cancels_what_the_coroutine_waits_on(taken_over: boo
         assert future.cancelled()
         assert outcome == ["cancelled", "finally"]
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_a_first_step_started_outside_any_task_may_wait_with_a_timeout() -> None:
@@ -124,7 +124,7 @@ def test_a_first_step_started_outside_any_task_may_wait_with_a_timeout() -> None
             await started[0]
         assert outcome == ["drained"]
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="3.11 has no eager tasks")
@@ -143,4 +143,4 @@ def test_from_3_12_the_first_step_runs_inside_the_task_it_returns() -> None:
         future.set_result(None)
         await task
 
-    asyncio.run(main())
+    event_loop.run(main())

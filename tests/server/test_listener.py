@@ -20,6 +20,7 @@ import tornado.web
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 
 from scripts import make_models
+from server import event_loop
 from server.http.delegates import TornadoDelegate
 from server.http.endpoint import service
 from server.listener import PAUSE_SECS, Listener
@@ -70,7 +71,7 @@ def test_a_failing_accept_pauses_and_resumes(caplog: pytest.LogCaptureFixture, c
         return answer, time.monotonic() - started
 
     with caplog.at_level(logging.ERROR, logger="server.listener"):
-        answer, took = asyncio.run(request_once())
+        answer, took = event_loop.run(request_once())
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
     assert took >= failures * PAUSE_SECS  # it paused after each failure...
     assert sock.accepts <= failures + 3  # ...instead of trying again at once

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
+from server import event_loop
 from server.errors import Unavailable
 from server.request_gate import RequestGate
 
@@ -26,7 +25,7 @@ def test_idle_only_once_every_admitted_request_has_left_and_closed_refuses_new_o
             pass
         assert gate.inside == 0 and await gate.wait_idle(1)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_a_request_that_fails_inside_still_leaves_the_gate() -> None:
@@ -36,4 +35,4 @@ def test_a_request_that_fails_inside_still_leaves_the_gate() -> None:
             raise ValueError("the request failed")
         assert gate.inside == 0 and await gate.wait_idle(1)
 
-    asyncio.run(main())
+    event_loop.run(main())

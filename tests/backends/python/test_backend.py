@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from backends.base import ModelInstance, Placement
 from backends.python.backend import PythonBackend
 from scripts import make_models
+from server import event_loop
 from server.cuda import devices
 from server.errors import InternalError, InvalidArgument, ModelLoadError
 from server.generated import model_config_pb2 as mc
@@ -494,8 +495,6 @@ def test_sys_exit_in_user_code_fails_the_batch_or_load_not_the_server(
 def test_user_code_never_runs_on_the_event_loop(backend: PythonBackend, tmp_path: Path) -> None:
     """Fast model code would be run inline by the runner after warm-up; Python models opt out,
     so asyncio inside execute keeps working."""
-    import asyncio
-
     from server.scheduling.runner import InstanceRunner
 
     code = """
@@ -516,5 +515,5 @@ def test_user_code_never_runs_on_the_event_loop(backend: PythonBackend, tmp_path
             got = await runner.run({"INPUT0": np.array([1.0], np.float32)}, ["OUTPUT0"])
             assert got["OUTPUT0"].tolist() == [1.0]
 
-    asyncio.run(many())
+    event_loop.run(many())
     runner.close()

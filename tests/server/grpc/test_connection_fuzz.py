@@ -14,6 +14,7 @@ import hpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server import event_loop
 from server.grpc import frames
 from server.grpc.call import CallContext, Method
 from server.grpc.connection import GrpcService, Http2Connection
@@ -123,5 +124,5 @@ def test_any_frames_are_handled(items: list[tuple[int, int, int, bytes]], cuts: 
             await asyncio.sleep(0)
         assert transport.written.startswith(frames.header(frames.SETTINGS, 0, 0, 24))
 
-    asyncio.run(main())
+    event_loop.run(main())
     assert errors == []  # no task failed, no callback raised

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import hpack
 import pytest
 
+from server import event_loop
 from server.grpc import frames, streams
 from server.grpc.call import CallContext, Method, Views
 from server.grpc.connection import GrpcService, Http2Connection
@@ -102,7 +103,7 @@ def test_a_buffer_handed_out_for_a_direct_read_but_not_filled_is_forgotten() -> 
         assert not transport.closed
         connection.connection_lost(None)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_closing_drops_a_connection_whose_client_reads_nothing(
@@ -125,7 +126,7 @@ def test_closing_drops_a_connection_whose_client_reads_nothing(
         aborted.abort()  # (the server stopping)
         assert aborted_transport.aborted
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_a_keepalive_ping_unanswered_drops_the_connection() -> None:
@@ -134,7 +135,7 @@ def test_a_keepalive_ping_unanswered_drops_the_connection() -> None:
         connection._keepalive_lost()
         assert transport.aborted
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_what_is_written_while_parsing_goes_out_past_a_bound() -> None:
@@ -151,7 +152,7 @@ def test_what_is_written_while_parsing_goes_out_past_a_bound() -> None:
         assert len(transport.written) == start + 100 + streams._BATCH_BYTES
         connection._write_batch()
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def _unary_call(stream: int, path: str, message: bytes) -> bytes:
@@ -185,7 +186,7 @@ def test_views_are_released_once_the_transport_has_given_them_to_the_kernel() ->
         connection.connection_lost(None)
         assert viewed.released == 2
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_views_are_compressed_from_their_parts_or_sent_as_they_are() -> None:
@@ -209,7 +210,7 @@ def test_views_are_compressed_from_their_parts_or_sent_as_they_are() -> None:
         connection.connection_lost(None)
         assert viewed.released == 2
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_answers_resumed_in_one_pass_of_the_loop_go_out_in_one_write() -> None:
@@ -239,7 +240,7 @@ def test_answers_resumed_in_one_pass_of_the_loop_go_out_in_one_write() -> None:
         assert answered == {1: b"m1", 3: b"m3", 5: b"m5"}
         connection.connection_lost(None)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_the_requests_of_one_read_start_while_the_service_holds_them() -> None:
@@ -273,4 +274,4 @@ def test_the_requests_of_one_read_start_while_the_service_holds_them() -> None:
         assert held == ["hold", "release", "hold", "release"]
         connection.connection_lost(None)
 
-    asyncio.run(main())
+    event_loop.run(main())

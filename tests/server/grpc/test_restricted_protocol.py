@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
-from server import restricted
+from server import event_loop, restricted
 from server.dataplane import DataPlane
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.restriction import METHOD_CATEGORIES
@@ -81,7 +81,7 @@ def test_every_kind_of_call_in_process() -> None:
         finally:
             await server.stop(0)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 async def _scenario(channel: grpc.aio.Channel) -> None:

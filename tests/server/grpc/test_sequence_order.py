@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from server import event_loop
 from server.generated import grpc_service_pb2 as pb
 from server.grpc.sequence_order import SequenceOrder
 
@@ -38,7 +39,7 @@ def test_requests_of_one_sequence_wait_for_the_previous_one() -> None:
             handle("other", _request(1, "n"), 0.0),  # same id, other model
         )
 
-    asyncio.run(main())
+    event_loop.run(main())
     assert events.index("a2 start") > events.index("a1 end")
     for name in ("b1", "none", "zero", "other"):
         assert events.index(f"{name} end") < events.index("a1 end"), name
@@ -65,4 +66,4 @@ def test_a_failed_request_lets_the_next_one_run() -> None:
             return True
         return False
 
-    assert asyncio.run(asyncio.wait_for(main(), 5))
+    assert event_loop.run(asyncio.wait_for(main(), 5))

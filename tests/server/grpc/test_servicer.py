@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from server import event_loop
 from server.dataplane import DataPlane
 from server.errors import (
     InferenceServerError,
@@ -172,7 +173,7 @@ def _run(
         finally:
             await server.stop(0)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def _request(request_id: str = "") -> service_pb2.ModelInferRequest:
@@ -400,7 +401,7 @@ def test_stream_ends_with_the_error_when_reading_requests_fails() -> None:
         with pytest.raises(RuntimeError, match="stream broke"):
             await asyncio.wait_for(replies.__anext__(), 5)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 class FakePinned:
@@ -602,4 +603,4 @@ def test_closed_connections_and_their_calls_are_freed_without_the_collector() ->
             logging.disable(logging.NOTSET)
             await server.stop(0)
 
-    asyncio.run(main())
+    event_loop.run(main())

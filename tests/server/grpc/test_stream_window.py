@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from server import event_loop
 from server.grpc.stream_window import StreamWindow
 
 
@@ -32,7 +33,7 @@ def test_unsent_reply_bytes_pause_reading_until_sent() -> None:
         window.sent(10)
         assert await _has_room(window)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_running_requests_pause_reading_until_one_is_answered() -> None:
@@ -45,7 +46,7 @@ def test_running_requests_pause_reading_until_one_is_answered() -> None:
         window.answered(1, 1)
         await asyncio.wait_for(waiter, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_a_request_larger_than_the_bound_is_read_while_under_it() -> None:
@@ -59,4 +60,4 @@ def test_a_request_larger_than_the_bound_is_read_while_under_it() -> None:
         window.sent(500)
         assert await _has_room(window)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())

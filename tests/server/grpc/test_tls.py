@@ -5,7 +5,6 @@ plain."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
+from server import event_loop
 from tests.certificates import Pki, make_pki
 from tests.server.grpc.helpers import simple_inputs
 from tests.server_process import EXAMPLES, ServerProcess, start_server
@@ -72,7 +72,7 @@ def _live(target: str, credentials: grpc.ChannelCredentials | None) -> bool:
             )
             return bool(answer.live)
 
-    return asyncio.run(call())
+    return event_loop.run(call())
 
 
 def _refused(target: str, credentials: grpc.ChannelCredentials | None) -> None:

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from server import event_loop
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.stream_window import MAX_HELD_BYTES
@@ -93,7 +94,7 @@ def test_unread_stream_keeps_server_memory_bounded(server: ServerProcess) -> Non
                 _check(reply)
             return peak - baseline
 
-    grown = asyncio.run(main())
+    grown = event_loop.run(main())
     assert grown < ALLOWED_GROWTH, (
         f"RSS grew by {grown / 2**20:.0f} MiB with {COUNT} MiB of replies unread"
     )

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from server import event_loop
 from server.ipc.channel import Channel
 
 _LENGTH = struct.Struct("<I")
@@ -55,7 +56,7 @@ def test_a_message_waiting_on_the_socket_is_answered_and_early_sends_are_kept() 
             channel.close()
             peer.close()
 
-    assert asyncio.run(scenario()) == [7, 42]
+    assert event_loop.run(scenario()) == [7, 42]
 
 
 class _Recorder(asyncio.Transport):
@@ -106,7 +107,7 @@ def test_what_tasks_send_in_one_pass_is_one_write_when_gathering(gather: bool) -
         return transport.writes
 
     frames = [_frame(1), _frame(2), _frame(3)]
-    assert asyncio.run(scenario()) == ([b"".join(frames)] if gather else frames)
+    assert event_loop.run(scenario()) == ([b"".join(frames)] if gather else frames)
 
 
 def test_a_callback_send_is_written_at_once_and_keeps_the_order() -> None:
@@ -132,7 +133,7 @@ def test_a_callback_send_is_written_at_once_and_keeps_the_order() -> None:
         seen.append(transport.writes)
         return seen
 
-    before, after = asyncio.run(scenario())
+    before, after = event_loop.run(scenario())
     assert before == [_frame(1)]
     assert b"".join(after) == _frame(1) + _frame(2) + _frame(3)
 
@@ -148,7 +149,7 @@ def test_gathered_messages_go_out_before_the_channel_closes() -> None:
         await asyncio.create_task(answer_and_close())
         return transport
 
-    transport = asyncio.run(scenario())
+    transport = event_loop.run(scenario())
     assert transport.writes == [_frame(5)] and transport.closed
 
 
@@ -171,7 +172,7 @@ def test_what_is_sent_while_held_goes_out_in_one_write_when_the_last_hold_ends()
         seen.append(list(transport.writes))
         return seen
 
-    inner, outer, after = asyncio.run(scenario())
+    inner, outer, after = event_loop.run(scenario())
     assert inner == []
     assert outer == [_frame(1) + _frame(2) + _frame(3)]
     assert after == [*outer, _frame(4)]
@@ -197,4 +198,4 @@ def test_the_answers_to_one_read_are_one_write_when_gathering(gather: bool) -> N
         return transport.writes
 
     answers = [_frame(2), _frame(3), _frame(4)]
-    assert asyncio.run(scenario()) == ([b"".join(answers)] if gather else answers)
+    assert event_loop.run(scenario()) == ([b"".join(answers)] if gather else answers)

@@ -16,6 +16,7 @@ import pytest
 
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
+from server import event_loop
 from server.dataplane import DataPlane
 from server.errors import InternalError, InvalidArgument, NotFound, Unavailable
 from server.ipc import messages as m
@@ -87,7 +88,7 @@ def run(models: Path, body: Callable[[Seam], Awaitable[None]], mode: str = "expl
             seam.serving.cancel()
             seam.listener.close()
             await seam.dataplane._repository.close()
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def add_sub_request(n: int = 16, request_id: str = "r") -> InferRequest:
@@ -441,7 +442,7 @@ def test_a_front_end_arena_is_pinned_on_connect_and_unpinned_once_it_is_gone(
             seam.serving.cancel()
             seam.listener.close()
             await seam.dataplane._repository.close()
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_a_failed_introduction_leaks_nothing_and_others_still_connect(

@@ -10,6 +10,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server import event_loop
 from server.memory.host_pool import PoolStats
 from server.observability.gpu_metrics import GpuSample
 from server.observability.metrics import (
@@ -170,7 +171,7 @@ def test_a_sampler_that_keeps_failing_is_reported_once_per_interval(
         task.cancel()
 
     with caplog.at_level(logging.ERROR, logger="server.observability.metrics"):
-        asyncio.run(run_a_while())
+        event_loop.run(run_a_while())
     (record,) = caplog.records
     assert record.getMessage().startswith("sampling CPU/GPU metrics failed: [Errno 24]")
     assert record.exc_info is not None

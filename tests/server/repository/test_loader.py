@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from scripts import make_models
+from server import event_loop
 from server.generated import model_config_pb2 as mc
 from server.repository import loader
 from server.repository.loader import Model, State
@@ -52,7 +52,7 @@ def _run(
     scheduler: Scheduler, inputs: dict[str, np.ndarray], outputs: list[str]
 ) -> dict[str, np.ndarray]:
     rows = next(iter(inputs.values())).shape[0] if inputs else 1
-    return asyncio.run(scheduler.execute(Job(inputs, outputs, rows=rows)))
+    return event_loop.run(scheduler.execute(Job(inputs, outputs, rows=rows)))
 
 
 # ---- success --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from backends.onnxruntime.backend import OnnxRuntimeBackend
 from scripts import make_models
+from server import event_loop
 from server.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.repository import manager as manager_module
@@ -31,7 +32,7 @@ REAL_LOAD_MODEL = manager_module.load_model
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    return event_loop.run(coro)
 
 
 def add_add_sub(root: Path, name: str) -> Path:

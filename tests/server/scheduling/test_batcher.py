@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from backends.base import ModelInstance
+from server import event_loop
 from server.errors import InternalError, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.observability.statistics import ModelStats
@@ -268,7 +269,7 @@ def test_static_batch_preferred_is_sent_at_once() -> None:
             assert_own_rows(answers[1], 2, 6)
             assert clock.now == 0.0
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 @pytest.mark.parametrize("sizes", [(1,), (3,), (1, 3)], ids=["lt_any", "not_preferred", "multi"])
@@ -298,7 +299,7 @@ def test_batch_below_preferred_waits_until_the_oldest_delay_expires(
             for tag, (rows, answer) in enumerate(zip(sizes, answers, strict=True), start=1):
                 assert_own_rows(answer, tag, rows)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_static_batch_gt_max_preferred_is_sent_at_once() -> None:
@@ -316,7 +317,7 @@ def test_static_batch_gt_max_preferred_is_sent_at_once() -> None:
             )
             assert_own_rows((await results(tasks))[0], 1, 7)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_gt_max_preferred() -> None:
@@ -339,7 +340,7 @@ def test_multi_batch_gt_max_preferred() -> None:
             assert_own_rows(answers[0], 1, 3)
             assert_own_rows(answers[1], 2, 7)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_use_biggest_preferred() -> None:
@@ -355,7 +356,7 @@ def test_multi_batch_use_biggest_preferred() -> None:
             for tag, answer in enumerate(await results(tasks), start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_largest_reachable_preferred_size_then_the_rest_after_the_delay() -> None:
@@ -377,7 +378,7 @@ def test_largest_reachable_preferred_size_then_the_rest_after_the_delay() -> Non
             for tag, (rows, answer) in enumerate(zip(sizes, await results(tasks)), start=1):
                 assert_own_rows(answer, tag, rows)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_use_best_preferred() -> None:
@@ -397,7 +398,7 @@ def test_multi_batch_use_best_preferred() -> None:
             assert model.batch_rows() == [2, 1]
             await results(tasks)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_delayed_sum_gt_max_preferred() -> None:
@@ -423,7 +424,7 @@ def test_multi_batch_delayed_sum_gt_max_preferred() -> None:
             assert_own_rows(answers[0], 1, 3)
             assert_own_rows(answers[1], 2, 4)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_delayed_use_max_batch() -> None:
@@ -450,7 +451,7 @@ def test_multi_batch_delayed_use_max_batch() -> None:
                 assert_own_rows(answer, tag, rows)
             await results(busy)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_delay_zero_sends_whatever_is_pending_at_once() -> None:
@@ -473,7 +474,7 @@ def test_delay_zero_sends_whatever_is_pending_at_once() -> None:
             for tag, answer in enumerate(await results(tasks), start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 @pytest.mark.parametrize(
@@ -497,7 +498,7 @@ def test_preferred_batch_only(count: int, expected: list[int]) -> None:
             for tag, answer in enumerate(answers, start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_max_batch_size_overflow_starts_a_new_batch_and_never_splits() -> None:
@@ -516,7 +517,7 @@ def test_max_batch_size_overflow_starts_a_new_batch_and_never_splits() -> None:
             for tag, (rows, answer) in enumerate(zip(sizes, answers), start=1):
                 assert_own_rows(answer, tag, rows)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_overflow_with_delay_sends_the_full_part_and_holds_the_rest() -> None:
@@ -536,7 +537,7 @@ def test_overflow_with_delay_sends_the_full_part_and_holds_the_rest() -> None:
             assert model.batch_rows() == [3, 3]
             await results(tasks)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 # --- shapes and outputs ------------------------------------------------------------------------
@@ -560,7 +561,7 @@ def test_multi_batch_different_shape() -> None:
             assert_own_rows(answers[0], 1, 1, width=4)
             assert_own_rows(answers[1], 2, 1, width=5)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 class RaggedInstance(ModelInstance):
@@ -614,7 +615,7 @@ def test_multi_batch_different_shape_allow_ragged() -> None:
         finally:
             batcher.close()
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 async def _queue_time_s(delay_us: int) -> float:
@@ -633,7 +634,7 @@ def test_sub_millisecond_delays_are_waited_in_full() -> None:
     """Loop timers are whole milliseconds (epoll); shorter delays are yielded away, and never
     cut short."""
     for delay_us in (200, 700):
-        waited = asyncio.run(_queue_time_s(delay_us))
+        waited = event_loop.run(_queue_time_s(delay_us))
         assert waited >= delay_us / 1e6, (delay_us, waited)
 
 
@@ -645,7 +646,7 @@ def test_yield_until_returns_when_woken() -> None:
         await _yield_until(wake, 30.0)
         return time.perf_counter() - start
 
-    assert asyncio.run(scenario()) < 10.0
+    assert event_loop.run(scenario()) < 10.0
 
 
 def test_multi_batch_not_preferred_different_shape() -> None:
@@ -665,7 +666,7 @@ def test_multi_batch_not_preferred_different_shape() -> None:
             answers = await results(tasks)
             assert_own_rows(answers[2], 3, 1, width=6)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_multi_batch_preferred_different_shape() -> None:
@@ -685,7 +686,7 @@ def test_multi_batch_preferred_different_shape() -> None:
             assert_own_rows(answers[3], 4, 5, width=6)
             assert clock.now == 0.0
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 @pytest.mark.parametrize(
@@ -712,7 +713,7 @@ def test_requests_asking_for_different_outputs_batch_together(
                 for name in wanted:
                     np.testing.assert_array_equal(answer[name], expected[name])
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_every_request_gets_exactly_its_own_rows() -> None:
@@ -740,7 +741,7 @@ def test_every_request_gets_exactly_its_own_rows() -> None:
                 np.testing.assert_array_equal(answer["z"], data(tag, rows))
             assert all(rows <= 8 for rows in model.batch_rows())
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 # --- priorities --------------------------------------------------------------------------------
@@ -772,7 +773,7 @@ def test_priority_levels_higher_level_first_and_default_level() -> None:
             for tag, answer in enumerate(answers, start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_priority_0_takes_the_default_level_1() -> None:
@@ -791,7 +792,7 @@ def test_priority_0_takes_the_default_level_1() -> None:
             await results(tasks)
             assert model.executed_tags() == [1, 4, 3, 2]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_priority_beyond_the_levels_means_the_default_level() -> None:
@@ -806,7 +807,7 @@ def test_priority_beyond_the_levels_means_the_default_level() -> None:
             assert_own_rows(await batcher.execute(job(2, priority=2)), 2, 1)
             assert model.executed_tags() == [1, 2]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 # --- queue policy ------------------------------------------------------------------------------
@@ -845,7 +846,7 @@ def test_queue_full_is_refused_with_exceeds_maximum_queue_size() -> None:
             assert_own_rows(answers[2], 4, 1)
             assert_own_rows(await batcher.execute(job(5, 8)), 5, 8)  # room again
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_timeout_reject_fails_the_queued_request_when_it_expires() -> None:
@@ -880,7 +881,7 @@ def test_timeout_reject_fails_the_queued_request_when_it_expires() -> None:
             assert_own_rows(answers[1], 3, 1)
             assert model.executed_tags() == [1, 3]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_timeout_delay_moves_the_request_behind_fresh_ones() -> None:
@@ -909,7 +910,7 @@ def test_timeout_delay_moves_the_request_behind_fresh_ones() -> None:
             for tag, answer in enumerate(answers, start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_timeout_override_only_shortens_the_policy_timeout() -> None:
@@ -960,7 +961,7 @@ def test_timeout_override_only_shortens_the_policy_timeout() -> None:
             await results(running)
             assert model.executed_tags() == [1]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 # --- ordering, cancellation, instances ---------------------------------------------------------
@@ -989,7 +990,7 @@ def test_preserve_ordering_releases_answers_in_arrival_order() -> None:
             for tag, answer in enumerate(answers, start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_cancelled_queued_request_leaves_the_queue_and_never_runs() -> None:
@@ -1015,7 +1016,7 @@ def test_cancelled_queued_request_leaves_the_queue_and_never_runs() -> None:
             assert_own_rows(answers[1], 3, 1)
             assert model.executed_tags() == [1, 3]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_request_cancelled_after_dispatch_waits_for_its_batch() -> None:
@@ -1039,7 +1040,7 @@ def test_request_cancelled_after_dispatch_waits_for_its_batch() -> None:
             assert_own_rows(answers[1], 2, 1)
             assert model.executed() == [[1, 2]]
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_several_instances_pull_from_one_queue() -> None:
@@ -1067,7 +1068,7 @@ def test_several_instances_pull_from_one_queue() -> None:
             for tag, answer in enumerate(answers, start=1):
                 assert_own_rows(answer, tag, 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 # --- model faults and statistics ---------------------------------------------------------------
@@ -1089,7 +1090,7 @@ def test_wrong_row_count_fails_every_request_of_the_batch() -> None:
                     "model 'fake' returned output 'y' with 2 rows for a batch of 3"
                 )
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_model_error_fails_every_request_of_the_batch_and_the_batcher_goes_on() -> None:
@@ -1104,7 +1105,7 @@ def test_model_error_fails_every_request_of_the_batch_and_the_batcher_goes_on() 
             model.error = None
             assert_own_rows(await batcher.execute(job(3, 2)), 3, 2)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
 
 
 def test_statistics_count_executions_by_batch_size() -> None:
@@ -1123,7 +1124,7 @@ def test_statistics_count_executions_by_batch_size() -> None:
             await results(tasks)
             await results(await submit(batcher, job(4, 2), job(5, 3)))
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     assert model.batch_rows() == [1, 5, 5]
     assert stats.execution_count == 3
     assert {size: s.compute_infer.count for size, s in stats.batch_stats.items()} == {1: 1, 5: 2}
@@ -1155,7 +1156,7 @@ def test_requests_with_different_optional_inputs_are_not_merged() -> None:
             batcher.execute(Job({"B": np.full((1, 4), 5, np.float32)}, ["OUT"])),
         )
 
-    results = asyncio.run(scenario())
+    results = event_loop.run(scenario())
     assert [float(r["OUT"][0, 0]) for r in results] == [2.0, 6.0, 10.0]
     batcher.close()
 
@@ -1185,7 +1186,7 @@ def test_large_batches_are_gathered_on_the_instance_thread(
             assert_own_rows(answers[0], 2, 1, width=width)
             assert_own_rows(answers[1], 3, 1, width=width)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     main = threading.current_thread().name
     assert gathered_on[0] == main, "a small batch is gathered on the loop"
     assert gathered_on[-1].startswith("fake-"), gathered_on
@@ -1235,6 +1236,6 @@ def test_instances_that_join_on_the_device_get_every_request_as_its_own_part() -
             model.release_all()
             batcher.close()
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     assert instance.parts == [[1], [2, 1]]
     assert all(batch.thread.startswith("fake-") for batch in model.batches)

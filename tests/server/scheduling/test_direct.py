@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from backends.base import ModelInstance
+from server import event_loop
 from server.errors import InternalError
 from server.scheduling.direct import DirectScheduler
 from server.scheduling.job import Job
@@ -48,7 +49,7 @@ def test_requests_spread_over_instances_without_overlap() -> None:
             *(scheduler.execute(Job({"x": np.full(4, i)}, ["y"])) for i in range(20))
         )
 
-    results = asyncio.run(main())
+    results = event_loop.run(main())
     for i, result in enumerate(results):  # each request got its own answer
         np.testing.assert_array_equal(result["y"], np.full(4, 2 * i))
     assert all(instance.most_active == 1 for instance in instances)
@@ -71,7 +72,7 @@ def test_a_model_fault_names_the_model_as_clients_know_it() -> None:
     )
     scheduler = DirectScheduler("m-1", [Short()], layout=layout, model="m")
     with pytest.raises(InternalError, match="^model 'm' returned output 'y' with 1 elements"):
-        asyncio.run(scheduler.execute(Job({"x": np.ones((1, 3))}, ["y"])))
+        event_loop.run(scheduler.execute(Job({"x": np.ones((1, 3))}, ["y"])))
     scheduler.close()
 
 
@@ -111,7 +112,7 @@ def test_waiting_requests_get_the_instance_in_order_of_arrival_and_cancelled_one
         assert instance.ran == [0, 1, 3]
         assert scheduler.pending == 0
 
-    asyncio.run(main())
+    event_loop.run(main())
     scheduler.close()
 
 
@@ -136,5 +137,5 @@ def test_a_request_cancelled_just_as_it_is_handed_the_instance_passes_it_on() ->
         assert instance.ran == [2]
         assert len(scheduler._free) == 1 and scheduler.pending == 0
 
-    asyncio.run(main())
+    event_loop.run(main())
     scheduler.close()

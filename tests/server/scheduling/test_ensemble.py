@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from server import event_loop
 from server.errors import InvalidArgument
 from server.observability.statistics import ModelStats
 from server.scheduling.ensemble import EnsemblePlan, EnsembleScheduler, EnsembleStep, StepResult
@@ -58,7 +59,7 @@ DIAMOND = (
 def _run(plan: EnsemblePlan, runner: Runner, outputs: list[str], rows: int = 2) -> Any:
     stats = ModelStats()
     job = Job({"IN": np.zeros((rows, 1))}, outputs, rows=rows)
-    result = asyncio.run(EnsembleScheduler(plan, runner, stats).execute(job))
+    result = event_loop.run(EnsembleScheduler(plan, runner, stats).execute(job))
     return result, job, stats
 
 
@@ -82,7 +83,7 @@ def test_max_inflight_requests_caps_each_step() -> None:
             *(scheduler.execute(Job({"IN": np.zeros((1, 1))}, ["OUT"])) for _ in range(4))
         )
 
-    asyncio.run(main())
+    event_loop.run(main())
     assert runner.calls == ["only"] * 4 and runner.most == 1
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from backends.base import ModelInstance
+from server import event_loop
 from server.memory.output_memory import OutputMemory
 from server.scheduling.runner import (
     INLINE_BELOW_S,
@@ -53,17 +54,17 @@ def test_fast_model_moves_inline_then_back_to_its_thread_when_slow() -> None:
 
     # A busy machine can make every early timing on the thread slow: run until the move,
     # within a bound.
-    asyncio.run(run_many(500, until_inline=True))
+    event_loop.run(run_many(500, until_inline=True))
     assert instance.threads[0].startswith("m-0")  # timed on the worker first
     assert instance.threads[-1] == main  # then inline
     assert runner.small_runs_inline
 
     instance.delay_s = 20 * INLINE_BELOW_S
-    asyncio.run(run_many(1))  # one slow run (a preemption, say) is not a slowdown
+    event_loop.run(run_many(1))  # one slow run (a preemption, say) is not a slowdown
     assert runner.small_runs_inline
-    asyncio.run(run_many(INLINE_WINDOW // 2))  # most of the recent ones slow: it is
+    event_loop.run(run_many(INLINE_WINDOW // 2))  # most of the recent ones slow: it is
     assert not runner.small_runs_inline
-    asyncio.run(run_many(1))
+    event_loop.run(run_many(1))
     assert instance.threads[-1].startswith("m-0")
     runner.close()
     assert instance.closed
@@ -78,7 +79,7 @@ def test_slow_model_stays_on_its_thread() -> None:
         for _ in range(12):
             await runner.run({"x": np.arange(2)}, ["y"])
 
-    asyncio.run(run_many())
+    event_loop.run(run_many())
     assert all(name.startswith("slow-0") for name in instance.threads)
     runner.close()
 
@@ -97,7 +98,7 @@ def test_model_errors_reach_the_caller() -> None:
 
     for _ in range(10):  # on the thread and, once timed as fast, inline
         try:
-            asyncio.run(run_once())
+            event_loop.run(run_once())
         except RuntimeError as exc:
             assert "model exploded" in str(exc)
         else:
@@ -118,7 +119,7 @@ def test_large_requests_always_run_on_the_thread() -> None:
             await run(16)
         await run(SMALL_REQUEST_BYTES + 1)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     assert instance.threads[-2] == main  # small ones went inline...
     assert instance.threads[-1].startswith("big-0")  # ...the large one did not
     runner.close()
@@ -140,7 +141,7 @@ def test_cancelled_caller_waits_for_the_running_execution() -> None:
         except asyncio.CancelledError:
             finished.append(time.perf_counter() - started)
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     # The cancellation came through only once the worker was done with the inputs.
     assert finished and finished[0] >= 0.1
     runner.close()
@@ -173,7 +174,7 @@ def test_aclose_releases_on_the_worker_thread_while_the_loop_serves() -> None:
         ticker.cancel()
         return ticks
 
-    ticks = asyncio.run(scenario())
+    ticks = event_loop.run(scenario())
     assert instance.closed
     assert instance.threads[-1].startswith("m-0"), "released on its own thread"
     assert ticks >= 10, f"the loop was stalled during the release ({ticks} ticks in 0.3 s)"
@@ -220,6 +221,6 @@ def test_only_large_requests_are_offered_memory_for_their_outputs() -> None:
         await runner.run(large, ["y"])
         await runner.run_batch(lambda: small, ["y"], lambda outputs: outputs, Memory())
 
-    asyncio.run(scenario())
+    event_loop.run(scenario())
     assert instance.offered == [False] * 10 + [True, False, True]
     runner.close()

@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import text_format
 
 from backends.base import InstanceRequest, ModelInstance, RequestResult
+from server import event_loop
 from server.errors import InvalidArgument, Rejected, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.protocol.sequence_spec import SequenceSpec
@@ -85,7 +86,7 @@ def test_direct_fills_empty_slots_with_null_requests() -> None:
         )
         assert [_y(r) for r in second] == [10, 30]
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert len(instance.runs) == 2  # one execution per round: the sequences shared them
     run = instance.runs[1]
@@ -106,7 +107,7 @@ def test_without_batching_controls_have_one_element() -> None:
                   parameters={"sequence_id": "9", "sequence_start": True})
         assert _y(await batcher.execute(job)) == 105
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert {name: value.shape for name, value in instance.runs[0].items()} == {
         "X": (1,), "START": (1,), "END": (1,), "READY": (1,), "CORRID": (1,),
@@ -126,7 +127,7 @@ def test_a_sequence_without_a_slot_waits_in_the_backlog() -> None:
         assert _y(await batcher.execute(_job(3, 1, end=True))) == 3
         assert _y(await waiting) == 102  # it took the freed slot
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
 
 
@@ -141,7 +142,7 @@ def test_oldest_batches_the_candidates_cut_to_a_preferred_size() -> None:
         )
         assert [_y(r) for r in results] == [101, 102, 103]
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [run["X"].ravel().tolist() for run in instance.runs] == [[1, 2], [3]]
     assert all(run["READY"].min() == 1.0 for run in instance.runs)  # no null requests
@@ -162,7 +163,7 @@ def test_implicit_state_follows_each_sequence_and_restarts_at_start() -> None:
         await asyncio.gather(send(2, 1), send(20, 2))
         await asyncio.gather(send(3, 1), send(30, 2, start=True))
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [run["STATE_IN"].ravel().tolist() for run in instance.runs] == [
         [0, 0], [1, 10], [3, 0],  # sequence 2 started again: zeros
@@ -192,7 +193,7 @@ def test_requests_to_python_style_instances_carry_their_controls() -> None:
         results = await asyncio.gather(batcher.execute(_job(1, 7)), batcher.execute(_job(1, 9)))
         assert [_y(r) for r in results] == [8, 10]
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [len(run) for run in instance.seen] == [3, 2]  # no null requests
     assert instance.seen[1][1]["READY"] == [[1.0]] and instance.seen[1][1]["START"] == [[0]]
@@ -211,7 +212,7 @@ def test_an_idle_sequence_is_reaped_and_its_slot_freed() -> None:
         # the only slot is free again
         assert _y(await batcher.execute(_job(3, 2, start=True, end=True))) == 103
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
 
 
@@ -228,7 +229,7 @@ def test_refusals() -> None:
         with pytest.raises(InvalidArgument, match="for sequence 6 to model 'm' must specify"):
             await batcher.execute(_job(1, 6))
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
 
 
@@ -246,7 +247,7 @@ def test_a_request_cancelled_while_queued_never_runs() -> None:
         assert batcher.pending == 0
         assert _y(await batcher.execute(_job(3, 1, end=True))) == 3
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [run["X"].ravel().tolist() for run in instance.runs] == [[1], [3]]
 
@@ -266,7 +267,7 @@ def test_a_backlogged_sequence_past_its_timeout_is_given_up() -> None:
         assert batcher.pending == 0
         assert _y(await batcher.execute(_job(4, 1, end=True))) == 4
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
 
 
@@ -281,7 +282,7 @@ def test_direct_waits_for_slot_utilization_up_to_the_queue_delay() -> None:
         assert time.monotonic() - started >= 0.19
         await asyncio.gather(batcher.execute(_job(2, 1)), batcher.execute(_job(3, 2, start=True)))
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [run["X"].ravel().tolist() for run in instance.runs] == [[1], [2, 3]]
 
@@ -308,7 +309,7 @@ def test_a_decoupled_model_answers_through_its_sink() -> None:
         job.respond = lambda result, final: sent.append((result, final))
         assert await batcher.execute(job) == {}
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     ((result, final),) = sent
     assert final and result["Y"].tolist() == [[6]]
@@ -330,7 +331,7 @@ def test_a_state_starts_from_its_initial_data() -> None:
         for value, start in ((1, True), (2, False), (3, True)):
             await batcher.execute(_job(value, 4, start=start, outputs=("Y",)))
 
-    asyncio.run(main())
+    event_loop.run(main())
     batcher.close()
     assert [run["STATE_IN"].ravel().tolist() for run in instance.runs] == [[1000], [1001], [1000]]
 
@@ -359,4 +360,4 @@ def test_a_forced_stop_answers_the_running_request() -> None:
             with pytest.raises(Unavailable, match="model 'm' was unloaded"):
                 await task
 
-    asyncio.run(main())
+    event_loop.run(main())
