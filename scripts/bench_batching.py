@@ -67,12 +67,12 @@ import numpy as np
 from scripts.bench_grpc import encode_grpc_request, grpc_problems, measure_grpc
 from scripts.bench_http import (
     REPOSITORY,
-    HttpFraming,
     ServerUnderTest,
     Workload,
     encode_request,
     http_problems,
 )
+from server.loadtest.clients import HttpFraming
 
 CONCURRENCIES = (1, 8, 32, 64)
 MAX_BATCH_SIZE = 32

@@ -40,7 +40,7 @@ from scripts.bench_common import PINNED_THREADS, machine_facts
 os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their thread pools
 
 import numpy as np
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
 
 from scripts import make_models
 from scripts.bench_http import ServerUnderTest

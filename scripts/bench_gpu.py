@@ -146,7 +146,7 @@ def _drive(address: tuple[str, int], seconds: float) -> dict[str, float] | str:
     ready.read()
     payload = np.random.default_rng(0).standard_normal(NBYTES // 4).astype(np.float32)
     body, headers = _request(payload)
-    latencies = []
+    latencies: list[float] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end or not latencies:
         began = time.perf_counter()

@@ -59,7 +59,6 @@ import numpy as np
 
 from scripts.bench_http import (
     REPOSITORY,
-    HttpFraming,
     ServerUnderTest,
     Workload,
     encode_request,
@@ -68,6 +67,7 @@ from scripts.bench_http import (
 )
 from server.generated import grpc_service_pb2 as pb
 from server.loadtest import clients as loadtest_clients  # the generator tensorgate-bench uses
+from server.loadtest.clients import HttpFraming
 
 MAX_MESSAGE = loadtest_clients.MAX_GRPC_MESSAGE  # INT32_MAX both ways, as Triton's clients set it
 _MB = 1e6

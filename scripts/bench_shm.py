@@ -38,9 +38,9 @@ from scripts.bench_common import PINNED_THREADS, machine_facts
 os.environ.update(PINNED_THREADS)  # before numpy and onnxruntime start their thread pools
 
 import numpy as np
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-import tritonclient.utils.shared_memory as shm  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 
 from scripts.bench_http import ServerUnderTest
 
@@ -51,7 +51,7 @@ SIZES = {"1 MB": 1 << 20, "16 MB": 16 << 20}
 def _timed(seconds: float, call: Callable[[], None]) -> dict[str, float]:
     """Run ``call`` back to back for ``seconds`` (at least 3 times) after one warm-up call."""
     call()
-    latencies = []
+    latencies: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(latencies) < 3:
         started = time.perf_counter()
