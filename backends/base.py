@@ -114,11 +114,15 @@ class ModelInstance(ABC):
         return self.execute(inputs, output_names)
 
     def execute_parts(
-        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
         """``execute`` on the inputs that ``parts`` make when joined along their first axis
-        (numpy or CuPy arrays, in batch order). Schedulers call it, instead of ``execute``,
-        only on instances that set ``joins_on_device``."""
+        (numpy or CuPy arrays, in batch order), with outputs it may copy back into arrays of
+        ``memory`` (offered for a request run alone), as ``execute_into``. Schedulers call it,
+        instead of ``execute``, only on instances that set ``joins_on_device``."""
         raise NotImplementedError(f"{type(self).__name__} does not join batches itself")
 
     def execute_requests(self, requests: Sequence[InstanceRequest]) -> list[RequestResult]:

@@ -13,7 +13,10 @@ from google.protobuf import text_format
 
 from backends.base import Placement
 from backends.onnxruntime.backend import OnnxRuntimeBackend
+from server.cuda.host_register import register_with_cuda, unregister_from_cuda
 from server.generated import model_config_pb2 as mc
+from server.ipc.tensors import LentBlocks, Outbox
+from server.memory.arena import Arena, ArenaAllocator
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool
 
@@ -81,6 +84,37 @@ def test_a_batch_joined_on_the_device_matches_the_cpu(mlp_file: Path) -> None:
         buffer.release()
     gpu.close()
     cpu.close()
+
+
+IDENTITY = """name: "ident" max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]"""
+
+
+def test_a_large_output_is_copied_from_the_device_into_the_result_arena(tmp_path: Path) -> None:
+    """A request run alone in the executor offers blocks of its front end's result arena
+    (pinned there): the device-to-host copy lands in one, where the front end writes it to the
+    client from, and nowhere else."""
+    path = make_models.save(make_models.identity("FP32", ["batch", -1]), tmp_path / "id.onnx")
+    backend = OnnxRuntimeBackend({}, DevicePools(lambda device: 64 << 20), HostBufferPool())
+    gpu = backend.load_instance(path, text_format.Parse(IDENTITY, mc.ModelConfig()), GPU)
+    x = np.random.default_rng(2).standard_normal((1, 4 << 20)).astype(np.float32)  # 16 MiB
+    with Arena.create(64 << 20) as arena:
+        assert register_with_cuda(arena), "cudaHostRegister refused the arena (see the warning)"
+        try:
+            allocator = ArenaAllocator(arena.size)
+            outbox = Outbox(arena.array, allocator.allocate)
+            lent = LentBlocks(outbox, allocator.free)
+            got = gpu.execute_into({"INPUT0": x}, ["OUTPUT0"], lent)["OUTPUT0"]
+            np.testing.assert_array_equal(got, x)
+            assert outbox.offset_of(got) is not None, "fetched into the arena"
+            assert allocator.bytes_in_use == x.nbytes
+            del got
+            lent.reclaim()
+            assert allocator.bytes_in_use == 0
+        finally:
+            unregister_from_cuda(arena)
+    gpu.close()
 
 
 def test_memory_is_flat_over_1000_executions(mlp_file: Path) -> None:

@@ -43,6 +43,7 @@ from server.cuda.copies import (
 )
 from server.memory.device_pool import DevicePools
 from server.memory.host_pool import HostBufferPool, size_class
+from server.memory.output_memory import OutputMemory
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,11 @@ class BoundDevice(Protocol):
     def before_run(self) -> None:
         """Make every bound input's bytes visible to the session."""
 
-    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
-        """The run's outputs as host arrays, complete when this returns."""
+    def fetch(
+        self, values: Sequence[ort.OrtValue], memory: OutputMemory | None = None
+    ) -> list[np.ndarray]:
+        """The run's outputs as host arrays, complete when this returns; large ones may be
+        copied into arrays of ``memory``."""
 
     def abandon(self) -> None:
         """After a failed bind, run or fetch: wait for whatever was queued and let go of the
@@ -103,7 +107,11 @@ class HostDevice:
     def before_run(self) -> None:
         """Host memory needs no synchronisation."""
 
-    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
+    def fetch(
+        self, values: Sequence[ort.OrtValue], memory: OutputMemory | None = None
+    ) -> list[np.ndarray]:
+        """ORT wrote the outputs into host memory of its own: copying them into ``memory``
+        would move the copy the caller makes, not save it."""
         self._held.clear()
         return [host_value(value) for value in values]
 
@@ -174,12 +182,14 @@ class CudaDevice:
         # The copies were queued on our stream; the session must not read before they land.
         self.stream.synchronize()
 
-    def fetch(self, values: Sequence[ort.OrtValue]) -> list[np.ndarray]:
+    def fetch(
+        self, values: Sequence[ort.OrtValue], memory: OutputMemory | None = None
+    ) -> list[np.ndarray]:
         cupy = self._cupy
         results: list[np.ndarray] = []
         with cupy.cuda.Device(self.device_id):
             try:
-                self._fetch_into(results, values)
+                self._fetch_into(results, values, memory)
             except BaseException:
                 # ``results`` still holds the buffers queued copies write into: wait for
                 # those copies before the buffers can go back to the pool.
@@ -189,8 +199,14 @@ class CudaDevice:
         self._held.clear()
         return results
 
-    def _fetch_into(self, results: list[np.ndarray], values: Sequence[ort.OrtValue]) -> None:
-        """Queue each output's copy to the host, appending its host array to ``results``."""
+    def _fetch_into(
+        self,
+        results: list[np.ndarray],
+        values: Sequence[ort.OrtValue],
+        memory: OutputMemory | None,
+    ) -> None:
+        """Queue each output's copy to the host (into ``memory`` where it has room), appending
+        its host array to ``results``."""
         cupy = self._cupy
         for value in values:
             if value.device_name().lower() != "cuda":  # strings, CPU-placed outputs
@@ -204,7 +220,7 @@ class CudaDevice:
                 continue
             memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
             device = cupy.ndarray(shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(memory, 0))
-            results.append(fetch(device, dtype, self.stream, self._host_pool))
+            results.append(fetch(device, dtype, self.stream, self._host_pool, memory))
 
     def abandon(self) -> None:
         try:
@@ -239,6 +255,16 @@ class IoBindingInstance(ModelInstance):
     ) -> dict[str, np.ndarray]:
         return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
 
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        return self.execute_parts(
+            {name: [array] for name, array in inputs.items()}, output_names, memory
+        )
+
     def close(self) -> None:
         """Let go of the binding and the session (the fallback shares it) now: a GPU session
         computes on the device's stream, which must outlive it, and the device goes only
@@ -247,7 +273,10 @@ class IoBindingInstance(ModelInstance):
         del self._binding, self._session, self._fallback
 
     def execute_parts(
-        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
         if self._string_outputs.intersection(output_names) or any(
             pieces[0].dtype == object for pieces in parts.values()
@@ -266,7 +295,7 @@ class IoBindingInstance(ModelInstance):
                 self._device.bind_output(binding, name)
             self._device.before_run()
             self._session.run_with_iobinding(binding)
-            outputs = self._device.fetch(binding.get_outputs())
+            outputs = self._device.fetch(binding.get_outputs(), memory)
         except BaseException:
             self._device.abandon()
             raise

@@ -20,6 +20,7 @@ from backends.python.cuda import CudaPlacement
 from backends.python.loading import ModelSource, forget_module
 from server.cuda.copies import joined_on_host
 from server.errors import InferenceServerError, InternalError
+from server.memory.output_memory import OutputMemory
 from server.protocol.datatypes import DataType, of_dtype
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,13 @@ class PythonInstance(ModelInstance):
         return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
 
     def execute_parts(
-        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
-        """On KIND_GPU the batch is joined on the instance's device, run, and copied back."""
+        """On KIND_GPU the batch is joined on the instance's device, run, and copied back
+        (``memory`` is not used: the model's outputs come back as it made them)."""
         names = list(output_names)
         try:
             if self._gpu is None:

@@ -4,9 +4,10 @@ GPU instances (ONNX Runtime through IO binding, python models on KIND_GPU) join 
 here instead of concatenating them on the host first: a host part is one asynchronous copy
 from its (pinned) request buffer, a device part (CUDA shared memory) one device-to-device copy,
 both queued on the instance's stream. Their outputs come back with one device-to-host copy
-each into a buffer of the server's host pool (pinned, within ``--pinned-memory-pool-byte-size``),
-which returns to the pool once the last view of it is gone: after the responses that carry
-it have been written.
+each: for a request run alone, into a block of the executor's result arena that its run was
+offered (pinned; the front end writes the answer from there), else into a buffer of the server's
+host pool (pinned, within ``--pinned-memory-pool-byte-size``), which returns to the pool once
+the last view of it is gone: after the responses that carry it have been written.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from server.cuda.devices import DEVICE_KINDS, host_array, on_device
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 
 #: Outputs smaller than this come back into plain numpy memory, not a pooled (pinned) buffer:
 #: the smallest pooled buffer is 64 KiB, held until the batch's last response is written.
@@ -83,16 +85,28 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
     return dtype if dtype.kind in DEVICE_KINDS else np.dtype(f"u{dtype.itemsize}")
 
 
-def fetch(device: Any, dtype: np.dtype, stream: Any, pool: HostBufferPool) -> np.ndarray:
+def fetch(
+    device: Any,
+    dtype: np.dtype,
+    stream: Any,
+    pool: HostBufferPool,
+    memory: OutputMemory | None = None,
+) -> np.ndarray:
     """Queue on ``stream`` the copy of the C-contiguous device array ``device`` (held as
     ``storage_dtype(dtype)``) into host memory; the returned host array of ``dtype`` is valid
     once the stream has been waited for. Outputs under ``SMALL_OUTPUT_BYTES`` get plain numpy
     memory (their copy costs less than the smallest pooled buffer would hold back), larger ones
-    a buffer of ``pool``."""
+    an array of ``memory`` when offered and it has room (a block of the executor's result arena,
+    pinned: the answer is then written to the client from where the device put it, with no
+    second host copy), else a buffer of ``pool``."""
     if device.nbytes < SMALL_OUTPUT_BYTES:
         host = np.empty(device.shape, dtype=dtype)
         device.get(stream=stream, out=host.view(device.dtype), blocking=False)
         return host
+    offered = None if memory is None else memory.allocate(dtype, tuple(device.shape))
+    if offered is not None:
+        device.get(stream=stream, out=offered.view(device.dtype), blocking=False)
+        return offered
     host = pool.array(device.nbytes).view(dtype).reshape(device.shape)
     device.get(stream=stream, out=host.view(device.dtype), blocking=False)
     return host

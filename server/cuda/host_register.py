@@ -1,8 +1,9 @@
-"""Page-locking a host region that was not allocated by CUDA (the request-body arena).
+"""Page-locking a host region that was not allocated by CUDA (the shared arenas).
 
-``cudaHostRegister`` pins an existing mapping, so host-to-device copies from it are DMA, as
-from ``cudaHostAlloc`` memory. The executor calls ``register_with_cuda`` once for the arena,
-after CUDA is initialised, and ``unregister_from_cuda`` before unmapping it. Pinning can fail
+``cudaHostRegister`` pins an existing mapping, so copies between it and a GPU are DMA, as with
+``cudaHostAlloc`` memory. The executor calls ``register_with_cuda`` once for each arena (a
+front end's request arena, and the result arena it makes for that front end), after CUDA is
+initialised, and ``unregister_from_cuda`` before unmapping it. Pinning can fail
 (RLIMIT_MEMLOCK, a driver that refuses the mapping): that is one warning, and copies then go
 from pageable memory, slower but correct.
 """
@@ -71,8 +72,8 @@ def register_with_cuda(
     if failure is not None:
         log.warning(
             "could not pin the %d-byte shared arena for CUDA (%s; RLIMIT_MEMLOCK is %s, "
-            "containers may need --ulimit memlock=-1): host-to-device copies go from pageable "
-            "memory",
+            "containers may need --ulimit memlock=-1): copies between it and a GPU go "
+            "through pageable memory",
             size,
             failure,
             _memlock_limit(),

@@ -81,10 +81,10 @@ class _Connection:
 
     def close_when_idle(self, release: Callable[[Arena], object] | None) -> None:
         if self.lost and not self.tasks and not self.peer.closed:
-            if release is not None:
-                release(self.peer)
-            self.peer.close()
-            self.out.close()
+            for arena in (self.peer, self.out):
+                if release is not None:
+                    release(arena)
+                arena.close()
 
 
 class ExecutorService:
@@ -97,8 +97,10 @@ class ExecutorService:
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._next_ack = 0
         self._calls: set[asyncio.Task[None]] = set()
-        #: called with each front end's arena as it connects (the executor pins it for CUDA),
-        #: and once that front end is gone and its last request done (unpinned before unmapped)
+        #: called with each arena of a front end as it connects, its request arena and the
+        #: result arena made for it (the executor pins them for CUDA: a GPU's copies from and
+        #: into them are then DMA), and once that front end is gone and its last request done
+        #: (unpinned before unmapped)
         self.on_connected: Callable[[Arena], object] | None = None
         self.on_released: Callable[[Arena], object] | None = None
 
@@ -116,6 +118,7 @@ class ExecutorService:
         sock.settimeout(_HANDSHAKE_TIMEOUT_S)
         fd: int | None = None
         peer: Arena | None = None
+        out: Arena | None = None
         try:
             body, received = await asyncio.to_thread(receive_hello, sock)
             fd = received
@@ -129,6 +132,8 @@ class ExecutorService:
             if self.on_connected is not None:
                 await asyncio.to_thread(self.on_connected, attached)
             out = await asyncio.to_thread(Arena.create, self._output_bytes)
+            if self.on_connected is not None:
+                await asyncio.to_thread(self.on_connected, out)
             reply = m.encoder().encode(m.Hello("executor", 0, out.size))
             await asyncio.to_thread(send_hello, sock, reply, out.fd)
         except (OSError, ConnectionError, m.DecodeError, ValueError) as exc:
@@ -136,10 +141,11 @@ class ExecutorService:
             sock.close()
             if fd is not None:
                 os.close(fd)
-            if peer is not None:  # (the result arena, if made, is unreferenced and goes too)
-                if self.on_released is not None:
-                    self.on_released(peer)
-                peer.close()
+            for arena in (peer, out):
+                if arena is not None:
+                    if self.on_released is not None:
+                        self.on_released(arena)
+                    arena.close()
             return
         connection = _Connection(hello.index, attached, out)
         connection.channel = Channel(

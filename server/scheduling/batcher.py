@@ -418,7 +418,7 @@ class DynamicBatcher(Runners):
             # A request batched alone may have its outputs written where it wants them.
             memory = jobs[0].memory if len(jobs) == 1 and self._layout.plain else None
             if runner.instance.joins_on_device:  # each request's rows copied to the device
-                outputs = await runner.run_parts(self._layout.gather_parts(jobs), names)
+                outputs = await runner.run_parts(self._layout.gather_parts(jobs), names, memory)
             elif sum(request_bytes(job.inputs) for job in jobs) > SMALL_REQUEST_BYTES:
                 # Gathering a large batch copies as many bytes as it holds: on the instance's
                 # thread with the execution, not on the loop.

@@ -127,13 +127,16 @@ class InstanceRunner:
         return await run_in_thread(self._thread, work)
 
     async def run_parts(
-        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
         """A batch joined by the instance itself (``joins_on_device``), on its worker thread:
-        the host-to-device copies and the stream waits are blocking work. Cancellation waits as
-        in ``run``."""
+        the host-to-device copies and the stream waits are blocking work. Its outputs may be
+        copied back into ``memory``. Cancellation waits as in ``run``."""
         return await run_in_thread(
-            self._thread, self.instance.execute_parts, parts, output_names
+            self._thread, self.instance.execute_parts, parts, output_names, memory
         )
 
     async def run_requests(self, jobs: Sequence[Job]) -> list[RequestResult]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 
 import ml_dtypes
@@ -22,6 +23,7 @@ from scripts import make_models
 from server.errors import ModelLoadError
 from server.generated import model_config_pb2 as mc
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -114,6 +116,43 @@ def test_many_runs_reuse_one_binding_and_hold_no_old_inputs(models: dict[str, Pa
         got = instance.execute({"INPUT0": one * step, "INPUT1": one}, ["OUTPUT0"])
         assert float(got["OUTPUT0"][1, 15]) == step + 1
         assert device._held == [], "bound inputs must be let go once the run is over"
+
+
+class Memory:
+    """An ``OutputMemory`` (never asked for on the host: what reaches the device counts)."""
+
+    def allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        return None
+
+
+class Fetching(HostDevice):
+    """A host device that records the memory each fetch is offered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[OutputMemory | None] = []
+
+    def fetch(
+        self, values: Sequence[ort.OrtValue], memory: OutputMemory | None = None
+    ) -> list[np.ndarray]:
+        self.offered.append(memory)
+        return super().fetch(values, memory)
+
+
+def test_the_memory_offered_to_a_run_reaches_the_devices_fetch(
+    models: dict[str, Path],
+) -> None:
+    """``execute_into`` (a request run alone) and ``execute_parts`` with memory hand it to the
+    device, whose fetch copies large outputs into it (on a GPU; see ``server.cuda.copies``)."""
+    device = Fetching()
+    instance = _instance(models["add_sub"], device)
+    a, b = np.ones((1, 16), np.float32), np.full((1, 16), 2.0, np.float32)
+    memory = Memory()
+    out = instance.execute_into({"INPUT0": a, "INPUT1": b}, ["OUTPUT0"], memory)
+    np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+    instance.execute_parts({"INPUT0": [a], "INPUT1": [b]}, ["OUTPUT1"], memory)
+    instance.execute({"INPUT0": a, "INPUT1": b}, ["OUTPUT0"])
+    assert device.offered == [memory, memory, None]
 
 
 def test_gpu_instances_refused_clearly_on_this_onnxruntime(models: dict[str, Path]) -> None:

@@ -1,8 +1,11 @@
-"""The GPU path's copies against the CuPy stand-in: outputs fetched into the host pool.
+"""The GPU path's copies against the CuPy stand-in: outputs fetched into the host pool, or
+into the memory a request's run was offered.
 
 An output's host copy is a buffer of the server's pool (pinned where there is CUDA), counted
 in its statistics while any view of it lives (a batch's per-request rows, a response being
-written) and back in the pool, for the next output, once none does.
+written) and back in the pool, for the next output, once none does. A request run alone in
+the executor process offers blocks of its front end's result arena instead: a large output is
+copied there, and nowhere else.
 """
 
 from __future__ import annotations
@@ -20,8 +23,17 @@ from server.cuda.copies import (
     joined_shape,
     storage_dtype,
 )
+from server.ipc.tensors import LentBlocks, Outbox
+from server.memory.arena import ArenaAllocator
 from server.memory.host_pool import HostBufferPool
 from tests.fake_cupy import FakeCupy
+
+
+def _lent(arena_bytes: int) -> tuple[LentBlocks, Outbox, ArenaAllocator]:
+    """Blocks of a result arena of ``arena_bytes``, as the executor lends them to a run."""
+    allocator = ArenaAllocator(arena_bytes)
+    outbox = Outbox(np.zeros(arena_bytes, np.uint8), allocator.allocate)
+    return LentBlocks(outbox, allocator.free), outbox, allocator
 
 
 def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> None:
@@ -49,6 +61,43 @@ def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> 
     again = fetch(device, np.dtype(np.float32), stream, pool)
     assert pool.stats().reuses == 1 and pool.stats().allocations == 1
     del again
+
+
+def test_a_large_output_is_fetched_into_the_memory_offered_not_the_pool() -> None:
+    fake = FakeCupy()
+    pool = HostBufferPool()
+    lent, outbox, allocator = _lent(1 << 20)
+    values = np.arange(4 * 4096, dtype=np.float32).reshape(4, 4096)
+    device, stream = fake.device_array(values), fake.cuda.Stream()
+    fake.events.clear()
+    host = fetch(device, np.dtype(np.float32), stream, pool, lent)
+    assert fake.events == ["to host"], "one copy, from the device"
+    np.testing.assert_array_equal(host, values)
+    assert outbox.offset_of(host) is not None, "in the arena, where the front end reads it"
+    assert allocator.bytes_in_use == values.nbytes
+    assert pool.stats().allocations == 0
+    lent.reclaim()  # (not handed over: the request failed, say)
+    assert allocator.bytes_in_use == 0
+
+
+def test_without_room_in_the_memory_offered_an_output_goes_to_the_pool() -> None:
+    fake = FakeCupy()
+    pool = HostBufferPool()
+    lent, outbox, _ = _lent(1 << 16)
+    values = np.ones((2, 16384), dtype=np.float32)  # 128 KiB: more than the arena holds
+    host = fetch(fake.device_array(values), np.dtype(np.float32), fake.cuda.Stream(), pool, lent)
+    np.testing.assert_array_equal(host, values)
+    assert outbox.offset_of(host) is None and pool.bytes_in_use == 1 << 17
+    del host
+
+
+def test_small_outputs_are_neither_pooled_nor_put_in_the_memory_offered() -> None:
+    fake = FakeCupy()
+    lent, _, allocator = _lent(1 << 20)
+    host = fetch(fake.device_array(np.ones(3, np.float32)), np.dtype(np.float32), None,
+                 HostBufferPool(), lent)
+    np.testing.assert_array_equal(host, [1, 1, 1])
+    assert allocator.bytes_in_use == 0
 
 
 def test_small_outputs_are_not_pooled() -> None:

@@ -55,8 +55,8 @@ async def open_seam(root: Path, mode: str = "explicit", events: list[str] | None
     dataplane.set_live(True)
     service = ExecutorService(dataplane, ARENA)
     if events is not None:
-        service.on_connected = lambda arena: events.append(f"pin {arena.size}")
-        service.on_released = lambda arena: events.append(f"unpin {arena.size}")
+        service.on_connected = lambda arena: events.append(f"pin {arena.address}")
+        service.on_released = lambda arena: events.append(f"unpin {arena.address}")
     path = str(root.parent / "control.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -422,21 +422,25 @@ def test_thousands_of_refused_and_abandoned_requests_leave_no_arena_space(models
     run(models, body)
 
 
-def test_a_front_end_arena_is_pinned_on_connect_and_unpinned_once_it_is_gone(
+def test_a_front_ends_arenas_are_pinned_on_connect_and_unpinned_once_it_is_gone(
     models: Path,
 ) -> None:
+    """Its request arena (as mapped here) and the result arena made for it: a GPU's copies
+    from the one and into the other are DMA."""
     async def main() -> None:
         events: list[str] = []
         seam = await open_seam(models, events=events)
         try:
             await seam.client.infer(add_sub_request())
-            assert events == [f"pin {ARENA}"]
+            (connection,) = seam.service._connections
+            pinned = [f"pin {connection.peer.address}", f"pin {connection.out.address}"]
+            assert events == pinned
             seam.client.close()
             for _ in range(100):
-                if len(events) == 2:
+                if len(events) == 4:
                     break
                 await asyncio.sleep(0.01)
-            assert events == [f"pin {ARENA}", f"unpin {ARENA}"]
+            assert events == [*pinned, *(e.replace("pin", "unpin") for e in pinned)]
         finally:
             seam.service.close()
             seam.serving.cancel()

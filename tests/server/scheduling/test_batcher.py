@@ -33,6 +33,7 @@ from backends.base import ModelInstance
 from server import event_loop
 from server.errors import InternalError, Unavailable
 from server.generated import model_config_pb2 as mc
+from server.memory.output_memory import OutputMemory
 from server.observability.statistics import ModelStats
 from server.scheduling.batcher import BatchingPolicy, DynamicBatcher, QueuePolicy, _yield_until
 from server.scheduling.job import Job
@@ -1201,6 +1202,7 @@ class JoiningInstance(FakeInstance):
     def __init__(self, model: FakeModel, index: int) -> None:
         super().__init__(model, index)
         self.parts: list[list[int]] = []  # rows of each part, per execution
+        self.offered: list[OutputMemory | None] = []  # the memory offered, per execution
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -1208,9 +1210,13 @@ class JoiningInstance(FakeInstance):
         raise AssertionError("a joining instance is given parts, never joined inputs")
 
     def execute_parts(
-        self, parts: Mapping[str, Sequence[Any]], output_names: Sequence[str]
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
         self.parts.append([part.shape[0] for part in parts["x"]])
+        self.offered.append(memory)
         joined = {name: np.concatenate(pieces) for name, pieces in parts.items()}
         return super().execute(joined, output_names)
 
@@ -1239,3 +1245,38 @@ def test_instances_that_join_on_the_device_get_every_request_as_its_own_part() -
     event_loop.run(scenario())
     assert instance.parts == [[1], [2, 1]]
     assert all(batch.thread.startswith("fake-") for batch in model.batches)
+
+
+class Offered:
+    """The ``OutputMemory`` of one request (never asked for here: what is offered counts)."""
+
+    def allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        return None
+
+
+def test_a_request_batched_alone_offers_its_memory_to_an_instance_that_joins_on_the_device(
+) -> None:
+    """A GPU instance may then copy its outputs back straight into the request's block of the
+    result arena; a batch of several requests offers none (their rows share each output)."""
+    model = FakeModel()
+    instance = JoiningInstance(model, 0)
+    alone, first, second = (job(tag) for tag in (1, 2, 3))
+    alone.memory, first.memory, second.memory = Offered(), Offered(), Offered()
+
+    async def scenario() -> None:
+        batcher = DynamicBatcher("fake-1", [instance], BatchingPolicy(max_batch_size=8))
+        try:
+            await results(await submit(batcher, alone))
+            gate = model.gate(4)
+            blocker = await submit(batcher, job(4))
+            await until(lambda: len(model.batches) == 2, "the blocking batch to start")
+            pair = await submit(batcher, first, second)
+            gate.set()
+            await results([*blocker, *pair])
+        finally:
+            model.release_all()
+            batcher.close()
+
+    event_loop.run(scenario())
+    assert instance.parts == [[1], [1], [1, 1]]
+    assert instance.offered == [alone.memory, None, None]
