@@ -27,6 +27,7 @@ from server.cuda.copies import (
 from server.cuda.devices import DEVICE_KINDS, require_cupy
 from server.errors import ModelLoadError
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 
 
 class CudaPlacement:
@@ -78,14 +79,19 @@ class CudaPlacement:
                 inputs[name] = joined
         return inputs
 
-    def to_host(self, outputs: Mapping[str, object]) -> dict[str, object]:
-        """CuPy outputs queued for copying to the host on the stream: valid once ``active``
-        has waited for it. Anything else is passed through."""
+    def to_host(
+        self, outputs: Mapping[str, object], memory: OutputMemory | None = None
+    ) -> dict[str, object]:
+        """CuPy outputs queued for copying to the host on the stream (large ones into arrays
+        of ``memory`` where it has room): valid once ``active`` has waited for it. Anything
+        else is passed through."""
         results: dict[str, object] = {}
         try:
             for name, value in outputs.items():
                 if isinstance(value, self._cupy.ndarray):
-                    value = fetch(c_contiguous(value), value.dtype, self._stream, self._host_pool)
+                    value = fetch(
+                        c_contiguous(value), value.dtype, self._stream, self._host_pool, memory
+                    )
                 results[name] = value
         except BaseException:
             # ``results`` still holds the buffers queued copies write into: wait for those

@@ -57,14 +57,25 @@ class PythonInstance(ModelInstance):
     ) -> dict[str, np.ndarray]:
         return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
 
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        return self.execute_parts(
+            {name: [array] for name, array in inputs.items()}, output_names, memory
+        )
+
     def execute_parts(
         self,
         parts: Mapping[str, Sequence[Any]],
         output_names: Sequence[str],
         memory: OutputMemory | None = None,
     ) -> dict[str, np.ndarray]:
-        """On KIND_GPU the batch is joined on the instance's device, run, and copied back
-        (``memory`` is not used: the model's outputs come back as it made them)."""
+        """On KIND_GPU the batch is joined on the instance's device, run, and its device
+        outputs copied back (large ones into ``memory`` where it has room); host outputs are
+        taken as the model made them."""
         names = list(output_names)
         try:
             if self._gpu is None:
@@ -72,7 +83,9 @@ class PythonInstance(ModelInstance):
                 produced = self._call(inputs, names)
             else:
                 with self._gpu.active():
-                    produced = self._gpu.to_host(self._call(self._gpu.to_device(parts), names))
+                    produced = self._gpu.to_host(
+                        self._call(self._gpu.to_device(parts), names), memory
+                    )
         except InferenceServerError:
             raise
         except Exception as exc:  # CUDA copies: out of memory, a bad launch

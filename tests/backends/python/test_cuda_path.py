@@ -24,6 +24,8 @@ from backends.python.backend import PythonBackend
 from scripts import make_models
 from server.errors import InternalError, ModelLoadError
 from server.generated import model_config_pb2 as mc
+from server.ipc.tensors import LentBlocks, Outbox
+from server.memory.arena import ArenaAllocator
 from tests.fake_cupy import FakeCupy
 
 GPU1 = Placement(mc.ModelInstanceGroup.KIND_GPU, 1)
@@ -130,6 +132,28 @@ def test_execute_copies_across_on_the_stream_and_waits(tmp_path: Path, fake: Fak
     assert fake.events == [
         "device 1 on", "stream on", "finalize", "synchronize", "stream off", "device 1 off"
     ]
+
+
+def test_a_large_device_output_is_copied_into_the_memory_offered(
+    tmp_path: Path, fake: FakeCupy
+) -> None:
+    """A request run alone by the executor offers blocks of its front end's result arena: a
+    device output of 64 KiB or more is copied there, once, and host outputs are left as the
+    model made them."""
+    instance = _load(tmp_path)
+    allocator = ArenaAllocator(1 << 20)
+    outbox = Outbox(np.zeros(1 << 20, np.uint8), allocator.allocate)
+    lent = LentBlocks(outbox, allocator.free)
+    inputs = _inputs(b"a")
+    inputs["INPUT0"] = np.full((2, 8192), 1.5, np.float32)  # 64 KiB out
+    result = instance.execute_into(inputs, ["OUTPUT0", "TYPES"], lent)
+    np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 8192), 3.0, np.float32))
+    assert outbox.offset_of(result["OUTPUT0"]) is not None
+    assert allocator.bytes_in_use == 1 << 16
+    assert outbox.offset_of(result["TYPES"]) is None
+    lent.reclaim()
+    assert allocator.bytes_in_use == 0
+    instance.close()
 
 
 def test_a_user_error_leaves_the_device_and_stream(tmp_path: Path, fake: FakeCupy) -> None:
