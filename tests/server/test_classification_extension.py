@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.grpc import model_config_pb2  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException
 
 from scripts import make_models
 from tests.server_process import EXAMPLES, ServerProcess, start_server

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import tornado.web
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 
 from scripts import make_models
 from server import event_loop

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 

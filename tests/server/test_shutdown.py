@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.model_repos import build_busy_repository, build_slow_start_repository
 from tests.server_process import ServerProcess, start_server

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 
 from scripts import make_models
 from tests.server_process import EXAMPLES, ServerProcess, start_server

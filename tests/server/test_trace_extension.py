@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from scripts import make_models
 from tests.otlp_receiver import OtlpReceiver

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 
 from server.cli import parse_command_line
 from server.triton_flags import CLOUD_PREFIXES

@@ -190,7 +190,7 @@ def _add_sub_inputs(
     inputs = [module("INPUT0", list(a.shape), "FP32"), module("INPUT1", list(b.shape), "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
-    return inputs  # type: ignore[return-value]
+    return inputs
 
 
 def test_add_sub_over_http_and_grpc(server: ServerProcess) -> None:

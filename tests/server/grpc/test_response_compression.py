@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from tests.server.grpc.raw_http2 import RawHttp2Client

@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException
 
 from server import event_loop, restricted
 from server.dataplane import DataPlane

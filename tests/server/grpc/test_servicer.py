@@ -397,7 +397,7 @@ def test_stream_ends_with_the_error_when_reading_requests_fails() -> None:
     async def scenario() -> None:
         servicer = InferenceServicer(None)  # type: ignore[arg-type]
         context = types.SimpleNamespace(invocation_metadata=lambda: ())  # a call's, no metadata
-        replies = servicer.ModelStreamInfer(broken(), context)  # type: ignore[arg-type]
+        replies = servicer.ModelStreamInfer(broken(), context)
         with pytest.raises(RuntimeError, match="stream broke"):
             await asyncio.wait_for(replies.__anext__(), 5)
 

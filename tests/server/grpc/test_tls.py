@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException
 
 from server import event_loop
 from tests.certificates import Pki, make_pki

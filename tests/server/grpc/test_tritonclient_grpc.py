@@ -16,11 +16,11 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
-from tritonclient.utils import (  # type: ignore[import-untyped]
+from tritonclient.utils import (
     InferenceServerException,
     triton_to_np_dtype,
 )

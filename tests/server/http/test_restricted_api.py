@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server.http.helpers import SIMPLE_SUM, error_of, simple_request
 from tests.server_process import EXAMPLES, ServerProcess, start_server

@@ -9,8 +9,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import (  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
+from tritonclient.utils import (
     InferenceServerException,
     triton_to_np_dtype,
 )

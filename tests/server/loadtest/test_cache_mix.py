@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
 
 from scripts import make_models
 from server.loadtest import cache_mix

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-import tritonclient.utils.shared_memory as shm  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException
 
 from tests.model_repos import build_slow_repository
 from tests.server.http.helpers import assert_simple_ok

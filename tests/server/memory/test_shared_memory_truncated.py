@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-import tritonclient.utils.shared_memory as shm  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from tests.server_process import EXAMPLES, ServerProcess, start_server
 

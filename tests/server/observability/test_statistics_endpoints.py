@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException
 
 from scripts import make_models
 from tests.model_repos import rows_of_three_model

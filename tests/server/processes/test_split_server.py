@@ -136,7 +136,7 @@ class GrpcLoad(Load):
                     if out != [2 * i for i in range(16)]:
                         self.wrong.append(str(out))
                 except grpc.RpcError as error:
-                    code = error.code()  # type: ignore[attr-defined]
+                    code = error.code()
                     key = "hung" if code == grpc.StatusCode.DEADLINE_EXCEEDED else code.name
                     if key == "UNAVAILABLE":
                         time.sleep(0.01)  # reconnecting

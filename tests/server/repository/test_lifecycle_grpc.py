@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.server.repository.lifecycle_helpers import (

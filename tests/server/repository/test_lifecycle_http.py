@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.server.http.helpers import error_of
 from tests.server.repository.lifecycle_helpers import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
 
 from scripts import make_models
 from tests.server.repository.lifecycle_helpers import (

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.model_repos import build_slow_repository, slow_http_request
 from tests.server.http.helpers import parse_raw_response, read_response

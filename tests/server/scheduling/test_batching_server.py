@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from scripts import make_models
 from tests.server_process import ServerProcess, start_server

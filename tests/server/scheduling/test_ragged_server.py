@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
+import tritonclient.http as httpclient
 
 from tests.model_repos import build_ragged_repository
 from tests.server_process import ServerProcess, start_server

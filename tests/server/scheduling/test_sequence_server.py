@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-import tritonclient.http as httpclient  # type: ignore[import-untyped]
-from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from scripts import make_models
 from tests.sequence_models import (
@@ -316,7 +316,7 @@ def _one(value: int) -> list[dict[str, Any]]:
 
 
 def test_grpc_refusals(server: ServerProcess) -> None:
-    from tritonclient.grpc import service_pb2  # type: ignore[import-untyped]
+    from tritonclient.grpc import service_pb2
 
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         stub = client._client_stub
