@@ -5,5 +5,7 @@ package as a top-level module; the python backend also registers the name before
 model, wherever the server runs from).
 """
 
+from backends.python import pb_utils as _pb_utils
 from backends.python.pb_utils import *  # the whole surface, under this name
-from backends.python.pb_utils import __all__  # noqa: F401 - what * exports
+
+__all__ = _pb_utils.__all__  # what * exports

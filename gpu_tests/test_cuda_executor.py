@@ -38,7 +38,8 @@ CPU = Placement(mc.ModelInstanceGroup.KIND_CPU)
 @pytest.fixture(scope="module")
 def mlp_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cuda") / "mlp" / "1" / "model.onnx"
-    return make_models.save(make_models.mlp(), path)
+    saved: Path = make_models.save(make_models.mlp(), path)
+    return saved
 
 
 def test_cuda_instance_matches_the_cpu(mlp_file: Path) -> None:

@@ -42,7 +42,10 @@ def test_cuda_region_read_and_write() -> None:
             in_place = lease.read_on_device("gpu", 16, 8, "IN")  # what GPU instances are given
             assert in_place is not None and in_place.data.ptr % 4 == 0
             np.testing.assert_array_equal(in_place.view(np.int32).get(), [4, 5])
-            lease.write("gpu", 0, 8, "OUT", memoryview(np.int32([-7, -8]).tobytes()))
+            lease.write(
+                "gpu", 0, 8, "OUT",
+                memoryview(np.int32([-7, -8]).tobytes()),  # type: ignore[arg-type]
+            )
         registry.unregister("cuda", "gpu")
         parent.send("done")
         after = np.frombuffer(parent.recv(), dtype=np.int32)

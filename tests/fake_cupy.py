@@ -17,7 +17,7 @@ fails loudly. ``events`` records every copy and stream/device switch:
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -72,7 +72,7 @@ class FakeArray:
     def reshape(self, *shape: Any) -> FakeArray:
         return self._wrap(self.host.reshape(*shape))
 
-    def copy(self, order: str = "C") -> FakeArray:
+    def copy(self, order: Literal["K", "A", "C", "F"] = "C") -> FakeArray:
         return self._wrap(self.host.copy(order=order))
 
     def set(self, array: np.ndarray, stream: Any = None) -> None:

@@ -176,7 +176,7 @@ class ServerProcess:
         self,
         method: str,
         path: str,
-        body: bytes | None = None,
+        body: bytes | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request on a fresh connection: (status, headers, body)."""

@@ -24,5 +24,8 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_strict_is_clean() -> None:
-    result = _run("mypy", "server", "backends", "scripts", "triton_python_backend_utils.py")
+    result = _run(
+        "mypy", "server", "backends", "scripts", "tests", "gpu_tests",
+        "triton_python_backend_utils.py",
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -141,17 +141,17 @@ _Validator = jsonschema.validators.extend(
 _FORMAT_CHECKER = FormatChecker(formats=())
 
 
-@_FORMAT_CHECKER.checks("int32")
+@_FORMAT_CHECKER.checks("int32")  # type: ignore[untyped-decorator]
 def _int32(value: object) -> bool:
     return not isinstance(value, int) or -(2**31) <= value < 2**31
 
 
-@_FORMAT_CHECKER.checks("int64")
+@_FORMAT_CHECKER.checks("int64")  # type: ignore[untyped-decorator]
 def _int64(value: object) -> bool:
     return not isinstance(value, int) or -(2**63) <= value < 2**63
 
 
-@_FORMAT_CHECKER.checks("date-time", raises=ValueError)
+@_FORMAT_CHECKER.checks("date-time", raises=ValueError)  # type: ignore[untyped-decorator]
 def _date_time(value: object) -> bool:
     if isinstance(value, str):
         datetime.datetime.fromisoformat(value)

@@ -87,6 +87,7 @@ def test_int_or_string_is_an_integer_or_a_string() -> None:
                    {"anyOf": [{"type": "integer"}, {"type": "string"}],
                     "x-kubernetes-int-or-string": True}):
         assert _accepts(schema, 8002) and _accepts(schema, "metrics")
+        wrong: object
         for wrong in (True, 1.5, None, [], {}):
             assert not _accepts(schema, wrong), (schema, wrong)
 

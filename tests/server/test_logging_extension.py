@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -133,7 +133,7 @@ def test_every_process_takes_the_new_format(defaults: ServerProcess) -> None:
     assert not any(_DEFAULT_LINE.match(line) for line in lines)
     assert any("tornado.access" in line for line in lines), lines
     pids = {match.group(1) for line in lines if (match := _ISO_LINE.match(line))}
-    split = "--frontends=2" in defaults.proc.args
+    split = "--frontends=2" in cast("list[str]", defaults.proc.args)
     assert len(pids) >= (2 if split else 1), lines  # in the split layout: executor, front end
 
 

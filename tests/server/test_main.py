@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,12 @@ def test_main_hands_the_command_line_to_the_supervisor(monkeypatch: pytest.Monke
     from server.processes import supervisor
 
     handed: list[tuple[Settings, list[str]]] = []
-    monkeypatch.setattr(
-        supervisor, "run", lambda settings, argv: handed.append((settings, list(argv))) or 0
-    )
+
+    def fake_run(settings: Settings, argv: Sequence[str]) -> int:
+        handed.append((settings, list(argv)))
+        return 0
+
+    monkeypatch.setattr(supervisor, "run", fake_run)
     words = ["tritonserver", "--model-repository=/m", "--frontends=2"]
     assert main_module.main(words) == 0
     ((settings, argv),) = handed

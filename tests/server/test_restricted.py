@@ -81,15 +81,15 @@ def test_refusal_needs_the_exact_value_and_names_the_header() -> None:
     assert http
     headers = {"infer-key": "infer-value"}
     assert http.refusal("inference", headers.get) is None
-    assert http.refusal("metadata", {}.get) is None  # not restricted
-    assert http.refusal(None, {}.get) is None  # a path of no category
+    assert http.refusal("metadata", dict[str, str]().get) is None  # not restricted
+    assert http.refusal(None, dict[str, str]().get) is None  # a path of no category
     for sent in ({}, {"infer-key": "infer-valuE"}, {"infer-key": ""}, {"other": "infer-value"}):
         error = http.refusal("inference", sent.get)
         assert isinstance(error, Restricted)
         assert error.message == "This API is restricted, expecting header 'infer-key'"
         assert (error.http_status, error.grpc_status_name) == (403, "UNAVAILABLE")
     grpc = restricted.for_grpc({"health": ("triton-grpc-protocol-k", "v")})
-    error = grpc.refusal("health", {}.get)
+    error = grpc.refusal("health", dict[str, str]().get)
     assert error is not None
     assert error.message == (
         "This protocol is restricted, expecting header 'triton-grpc-protocol-k'"

@@ -69,7 +69,7 @@ def _bls(server: ServerProcess, model: str, values: list[int], **params: Any) ->
         result = client.infer(model, [_input("IN", values)], parameters=params or None)
     finally:
         client.close()
-    out = result.as_numpy("OUT")
+    out: np.ndarray | None = result.as_numpy("OUT")
     assert out is not None
     return out
 

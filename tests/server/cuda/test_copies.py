@@ -51,7 +51,7 @@ def test_an_output_is_fetched_into_a_pool_buffer_held_while_any_view_lives() -> 
     del host
     gc.collect()
     assert pool.bytes_in_use == 1 << 16, "the requests' rows still point into it"
-    written = memoryview(rows[1])  # a transport writing one of them
+    written = memoryview(rows[1])  # type: ignore[arg-type]  # a transport writing one of them
     del rows
     gc.collect()
     assert pool.bytes_in_use == 1 << 16

@@ -565,8 +565,8 @@ def test_going_away_finishes_open_calls_then_closes() -> None:
     """GOAWAY NO_ERROR: the call already open is answered, then the connection closes; the
     client's next call goes over a new connection."""
     with serving() as server, grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        block = channel.unary_unary("/t/block")
-        echo = channel.unary_unary("/t/echo")
+        block: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/t/block")
+        echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/t/echo")
         assert echo(b"first", timeout=5) == b"first"
         future = block.future(b"open", timeout=10)
         deadline = time.monotonic() + 5

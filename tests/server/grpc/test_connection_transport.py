@@ -9,6 +9,7 @@ import gzip
 import os
 import struct
 from collections.abc import Iterator
+from typing import cast
 
 import hpack
 import pytest
@@ -17,6 +18,7 @@ from server import event_loop
 from server.grpc import frames, streams
 from server.grpc.call import CallContext, Method, Views
 from server.grpc.connection import GrpcService, Http2Connection
+from server.memory.host_pool import BufferSource
 from server.settings import GrpcKeepalive
 from tests.server.grpc.fakes import FakeTransport, Pool
 
@@ -45,7 +47,8 @@ def _connection(
     if viewed is not None:
         handlers["/t/viewed"] = Method(viewed)
         handlers["/t/viewed-gzip"] = Method(viewed, compression="low")
-    service = GrpcService(handlers, GrpcKeepalive(), buffers=pool)
+    # The fake pool has only ``acquire``, all the connection uses of a ``BufferSource``.
+    service = GrpcService(handlers, GrpcKeepalive(), buffers=cast("BufferSource | None", pool))
     connection = Http2Connection(service, ("127.0.0.1", 1))
     transport = FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]

@@ -54,11 +54,11 @@ def test_every_method_has_its_category() -> None:
     assert len(shm) == 6 and {METHOD_CATEGORIES[m] for m in shm} == {"shared-memory"}
 
 
-async def _refused(call: Any) -> str:
+async def _refused(call: Any) -> str | None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    details: str = info.value.details()
+    details: str | None = info.value.details()
     return details
 
 
@@ -94,10 +94,13 @@ async def _scenario(channel: grpc.aio.Channel) -> None:
     assert await _refused(stub.ServerLive(live, metadata=(("k", "v"),))) == text
     assert (await stub.ServerLive(live, metadata=((PREFIX + "k", "v"),))).live
     check = health_pb2.HealthCheckRequest()
-    assert await _refused(health.Check(check)) == text
-    answer = await health.Check(check, metadata=((PREFIX + "k", "v"),))
+    # types-grpcio-health-checking declares HealthStub without its Check and Watch.
+    assert await _refused(health.Check(check)) == text  # type: ignore[attr-defined]
+    answer = await health.Check(  # type: ignore[attr-defined]
+        check, metadata=((PREFIX + "k", "v"),)
+    )
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
-    watch = health.Watch(check)
+    watch = health.Watch(check)  # type: ignore[attr-defined]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await watch.read()
     assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, text)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -34,6 +34,7 @@ from server.grpc.server import GrpcServer
 from server.grpc.status import StatusCode, status_code
 from server.grpc.stream_window import MAX_HELD_BYTES, MAX_RUNNING
 from server.memory.host_pool import HostBufferPool
+from server.memory.output_memory import OutputMemory
 from server.protocol.grpc_codec import SPLIT_ABOVE_BYTES
 from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.settings import Settings
@@ -85,7 +86,7 @@ class FakeDataPlane(DataPlane):
         self.answered = 0
         self.released = 0
         self.address = ""  # the server's, once it listens
-        self.arrived: list[str] = []  # ids, as each request reaches infer
+        self.arrived: list[str | None] = []  # ids, as each request reaches infer
         self.seen: list[InferRequest] = []
 
     def _fail(self) -> None:
@@ -107,7 +108,9 @@ class FakeDataPlane(DataPlane):
         self._fail()
         return mc.ModelConfig(name=name)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, memory: OutputMemory | None = None
+    ) -> InferResponse:
         self.arrived.append(request.id)
         self._fail()
         if request.id in self.fail_ids:
@@ -274,9 +277,12 @@ def test_health_follows_readiness(ready: bool, status: int) -> None:
         stub: service_pb2_grpc.GRPCInferenceServiceStub,
         channel: grpc.aio.Channel,
     ) -> None:
+        # types-grpcio-health-checking declares HealthStub without its Check and Watch.
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "inference.GRPCInferenceService"):
-            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            reply = await health.Check(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(service=service)
+            )
             assert reply.status == status
         assert (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready is ready
 
@@ -320,7 +326,8 @@ def test_stream_runs_a_bounded_number_of_requests_at_once() -> None:
         assert await settled(lambda: len(plane.arrived)) == MAX_RUNNING
         plane.release.set()
         replies = [reply.infer_response.id async for reply in call]
-        assert sorted(replies) == sorted(ids) == sorted(plane.arrived)
+        # Every request here has an id.
+        assert sorted(replies) == sorted(ids) == sorted(cast("list[str]", plane.arrived))
 
     _run(scenario)
 
@@ -445,7 +452,7 @@ def test_with_a_gpu_raw_inputs_reach_the_data_plane_in_one_pinned_buffer(
             request.inputs.add(name=f"IN{index}", datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(array.tobytes())
         stream = stub.ModelStreamInfer() if streamed else None
-        for _ in range(3):
+        for _round in range(3):
             if stream is None:
                 reply = await stub.ModelInfer(request)
             else:
@@ -493,7 +500,9 @@ def test_a_malformed_request_is_invalid_argument_and_the_server_goes_on(size: in
     async def scenario(
         plane: FakeDataPlane, stub: service_pb2_grpc.GRPCInferenceServiceStub, channel: grpc.aio.Channel
     ) -> None:
-        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        infer: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer"
+        )
         code, details = await _code_and_details(infer(data))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert details.startswith("malformed ModelInferRequest"), details

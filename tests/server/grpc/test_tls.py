@@ -134,10 +134,16 @@ def test_large_replies_over_tls_each_carry_their_own_data(
             data = np.full((1, 1 << 20), float(i), dtype=np.float32)
             tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
             tensor.set_data_from_numpy(data)
-            client.async_infer(
-                "identity_fp32", [tensor],
-                lambda result, error, i=i: (results.append((i, error or result)), done.release()),
-            )
+
+            def answered(
+                result: grpcclient.InferResult,
+                error: InferenceServerException | None,
+                i: int = i,
+            ) -> None:
+                results.append((i, error or result))
+                done.release()
+
+            client.async_infer("identity_fp32", [tensor], answered)
         for _ in range(6):
             assert done.acquire(timeout=30)
         for i, result in results:

@@ -10,7 +10,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import ml_dtypes
@@ -171,10 +171,12 @@ def _client_error(call: Callable[[], Any]) -> InferenceServerException:
     return info.value
 
 
-def _rpc_error(call: Callable[[], Any]) -> grpc.RpcError:
+def _rpc_error(call: Callable[[], Any]) -> grpc.Call:
+    """What a call raised: grpc's ``_InactiveRpcError``, an ``RpcError`` that is also a
+    ``grpc.Call`` (its ``details()`` a str, not the ``str | None`` of ``RpcError``'s stub)."""
     with pytest.raises(grpc.RpcError) as info:
         call()
-    return info.value
+    return cast(grpc.Call, info.value)
 
 
 def _assert_simple_ok(client: grpcclient.InferenceServerClient) -> None:
@@ -355,12 +357,17 @@ def test_model_config_is_the_http_config(
 
 
 def test_health_check_serving(channel: grpc.Channel) -> None:
+    # types-grpcio-health-checking declares HealthStub without its Check and Watch.
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "inference.GRPCInferenceService"):
-        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        reply = health.Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(service=service), timeout=10
+        )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     error = _rpc_error(
-        lambda: health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        lambda: health.Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10
+        )
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
 

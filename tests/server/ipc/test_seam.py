@@ -202,6 +202,7 @@ def test_blocks_lent_for_outputs_the_answer_does_not_carry_are_freed(models: Pat
 
 def test_errors_keep_their_class_and_text(models: Path) -> None:
     async def body(seam: Seam) -> None:
+        call: Callable[[Any], Awaitable[object]]
         for call in (
             lambda plane: plane.infer(InferRequest("nope", "", [])),
             lambda plane: plane.model_metadata("nope", ""),

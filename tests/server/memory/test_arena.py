@@ -11,6 +11,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ def test_views_and_the_array_are_the_same_memory(arena: Arena) -> None:
     ],
 )
 def test_a_descriptor_outside_the_arena_is_a_value_error(
-    arena: Arena, offset: object, nbytes: object
+    arena: Arena, offset: Any, nbytes: Any
 ) -> None:
     with pytest.raises(ValueError, match="outside the 1048576-byte arena"):
         arena.view(offset, nbytes)
@@ -309,6 +310,7 @@ def test_random_sequences_never_overlap_and_coalesce_back_to_whole(seed: int) ->
     allocator = ArenaAllocator(size)
     initial = allocator.free_blocks()
     live: dict[int, int] = {}  # offset -> bytes asked for
+    offset: int | None
     for step in range(3000):
         if live and (rng.random() < 0.45 or allocator.largest_free == 0):
             offset = rng.choice(list(live))

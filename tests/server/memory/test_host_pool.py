@@ -37,7 +37,8 @@ def test_a_pooled_array_goes_back_when_its_last_view_does() -> None:
     pool = HostBufferPool()
     root = pool.array(100_000)
     assert root.nbytes == 100_000 and root.ctypes.data % PAGE == 0
-    view = np.frombuffer(memoryview(root[16:]), np.int32)  # what a tensor of it looks like
+    # what a tensor of it looks like
+    view = np.frombuffer(memoryview(root[16:]), np.int32)  # type: ignore[arg-type]
     del root
     gc.collect()
     assert pool.bytes_in_use == 1 << 17, "a view still reads it"

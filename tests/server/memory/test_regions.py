@@ -95,7 +95,10 @@ def test_inputs_are_copies_of_the_region(key: str) -> None:
     registry.register_system("r", key, 0, 64)
     with registry.lease({"r"}) as lease:
         data = np.frombuffer(lease.read("r", 0, 16, "IN"), np.int32)
-        lease.write("r", 0, 16, "OUT", memoryview(np.int32([9, 9, 9, 9]).tobytes()))
+        lease.write(
+            "r", 0, 16, "OUT",
+            memoryview(np.int32([9, 9, 9, 9]).tobytes()),  # type: ignore[arg-type]
+        )
         np.testing.assert_array_equal(data, [0, 1, 2, 3])
         np.testing.assert_array_equal(
             np.frombuffer(lease.read("r", 0, 16, "IN"), np.int32), [9, 9, 9, 9]

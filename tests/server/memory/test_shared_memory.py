@@ -24,7 +24,10 @@ def test_register_read_write_status(key: str) -> None:
     with registry.lease({"r"}) as lease:
         view = lease.read("r", 16, 8, "IN")
         np.testing.assert_array_equal(np.frombuffer(view, np.int32), [20, 21])
-        lease.write("r", 0, 8, "OUT", memoryview(np.int32([-1, -2]).tobytes()))
+        lease.write(
+            "r", 0, 8, "OUT",
+            memoryview(np.int32([-1, -2]).tobytes()),  # type: ignore[arg-type]
+        )
     with open(f"/dev/shm/{key[1:]}", "rb") as handle:
         data = np.frombuffer(handle.read(), np.int32)
     np.testing.assert_array_equal(data[16:18], [-1, -2])  # offset 64 bytes = element 16

@@ -13,8 +13,9 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import numpy as np
@@ -429,7 +430,8 @@ def test_abandoned_streams_of_large_messages_leave_the_arena_whole(models: Path)
         path = "/inference.GRPCInferenceService/ModelStreamInfer"
         for _ in range(10):
             raw = RawHttp2Client(server.grpc_port)
-            raw.wait(lambda raw=raw: bool(raw.settings))  # (the server's window is larger)
+            # (the server's window is larger)
+            raw.wait(cast(Callable[[], bool], lambda raw=raw: bool(raw.settings)))
             stream = raw.start(path)
             wire = grpc_message(_ident_request("cut").SerializeToString())
             raw.h2.send_data(stream, wire + wire[: len(wire) // 2])

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import pytest
 
@@ -218,9 +218,15 @@ def test_a_front_end_dying_again_and_again_waits_longer_each_time(start: Start) 
     server = start("--frontends=1")
     server.started()
     for attempt in range(3):
-        _wait_until(lambda n=attempt: len(server.pids("frontend0")) == n + 1, server.log)
+        _wait_until(
+            cast(Callable[[], bool], lambda n=attempt: len(server.pids("frontend0")) == n + 1),
+            server.log,
+        )
         pid = server.pids("frontend0")[attempt]
-        _wait_until(lambda p=pid: "ready" in server.events("frontend0", p), server.log)
+        _wait_until(
+            cast(Callable[[], bool], lambda p=pid: "ready" in server.events("frontend0", p)),
+            server.log,
+        )
         os.kill(pid, signal.SIGKILL)
         server.wait_for_log(f"front end 0 (pid {pid}) ended")
     for delay in ("0.1", "0.2", "0.4"):

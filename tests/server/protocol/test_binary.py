@@ -12,12 +12,12 @@ from server.errors import InvalidArgument
 from server.protocol import datatypes
 from server.protocol.binary import (
     deserialize_bytes,
-    element_count,
     parse_header_length,
     serialize_bytes,
     tensor_from_bytes,
     tensor_to_bytes,
 )
+from server.protocol.shapes import element_count
 
 DT = datatypes.BY_NAME
 

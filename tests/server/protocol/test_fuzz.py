@@ -140,10 +140,10 @@ def test_grpc_wire_splitting(data: bytes) -> None:
 )
 def test_grpc_decode(tensors: list[tuple[str, str, list[int], bytes]], drop_raw: bool) -> None:
     message = pb.ModelInferRequest(model_name="m")
-    for name, datatype, shape, raw in tensors:
+    for name, datatype, shape, blob in tensors:
         message.inputs.add(name=name, datatype=datatype, shape=shape)
         if not drop_raw:
-            message.raw_input_contents.append(raw)
+            message.raw_input_contents.append(blob)
     parsed, raw = grpc_codec.split_request(message.SerializeToString())
     _client_error_only(lambda: grpc_codec.decode_request(parsed, SPEC, raw))
 

@@ -357,7 +357,7 @@ def test_typed_contents_empty_tensor() -> None:
 
 
 def test_parameter_value_of_every_kind() -> None:
-    kinds = {
+    kinds: dict[str, Any] = {
         "bool_param": True,
         "int64_param": -(2**63),
         "string_param": "s\u00e9",
@@ -531,7 +531,9 @@ def test_shared_memory_inputs_take_no_raw_entry_and_outputs_carry_their_region()
     params["shared_memory_region"].string_param = "r"
     params["shared_memory_offset"].int64_param = 16
     params["shared_memory_byte_size"].int64_param = 8
-    msg.raw_input_contents.extend([np.float32([1, 2]).tobytes(), np.float32([5, 6]).tobytes()])
+    msg.raw_input_contents.extend(
+        [np.array([1, 2], np.float32).tobytes(), np.array([5, 6], np.float32).tobytes()]
+    )
     out = msg.outputs.add(name="OUT").parameters
     out["shared_memory_region"].string_param = "o"
     out["shared_memory_byte_size"].int64_param = 64
@@ -747,6 +749,7 @@ def _without_raw(msg: pb.ModelInferRequest) -> pb.ModelInferRequest:
 def test_split_request_separates_raw_contents_in_order() -> None:
     msg = _rich_request()
     header, raw = split_request(msg.SerializeToString(), False)
+    assert raw is not None  # not whole_if_small: always the views
     assert header == _without_raw(msg)
     assert [bytes(r) for r in raw] == list(msg.raw_input_contents)
 
@@ -776,6 +779,7 @@ def test_split_request_accepts_fields_in_any_order_and_interleaved() -> None:
         ]
     )
     header, raw = split_request(data, False)
+    assert raw is not None  # not whole_if_small: always the views
     assert header.model_name == "m"
     assert [t.name for t in header.inputs] == ["A", "B"]
     assert [bytes(r) for r in raw] == [a, b]
@@ -794,6 +798,7 @@ def test_split_request_skips_unknown_fields_of_every_wire_type() -> None:
         ]
     )
     header, raw = split_request(unknown + msg.SerializeToString() + unknown, False)
+    assert raw is not None  # not whole_if_small: always the views
     header.DiscardUnknownFields()
     assert header == _without_raw(msg)
     assert [bytes(r) for r in raw] == list(msg.raw_input_contents)

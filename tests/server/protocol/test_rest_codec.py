@@ -190,7 +190,7 @@ def test_decode_binary_zero_size_empty_tensor() -> None:
 
 
 def test_decode_binary_size_mismatch_with_shape() -> None:
-    header = {"inputs": [_binary_input("X", "FP32", [1, 8], 40)]}
+    header: dict[str, Any] = {"inputs": [_binary_input("X", "FP32", [1, 8], 40)]}
     assert _invalid(header, b"\x00" * 40) == (
         "[request id: <id_unknown>] input byte size mismatch for input 'X' for model 'm'. "
         "Expected 32, got 40"

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ EMPTY_NAME = "Model name cannot be empty. Please enter a valid name to deploy."
 NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
 NO_FOLDER = "failed to poll from model repository"
 
-Client = httpclient.InferenceServerClient | grpcclient.InferenceServerClient
+Client: TypeAlias = httpclient.InferenceServerClient | grpcclient.InferenceServerClient
 
 
 def add_identity(root: Path, name: str, max_batch_size: int | None = None) -> Path:

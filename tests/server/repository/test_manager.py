@@ -9,7 +9,7 @@ import shutil
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from server import event_loop
 from server.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from server.generated import model_config_pb2 as mc
 from server.repository import manager as manager_module
-from server.repository.loader import State
+from server.repository.loader import State, load_model
 from server.repository.manager import ModelRepository
 from server.scheduling.job import Job
 from server.settings import Settings
@@ -28,7 +28,7 @@ from tests.server.repository.lifecycle_helpers import add_identity, bump_mtimes
 
 T = TypeVar("T")
 BACKENDS = {"onnxruntime": OnnxRuntimeBackend({"intra_op_thread_count": "1"})}
-REAL_LOAD_MODEL = manager_module.load_model
+REAL_LOAD_MODEL = load_model
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -375,7 +375,7 @@ def test_unload_waits_for_admitted_requests_and_refuses_new_ones(repo_root: Path
                 pass
             assert served.scheduler is not None  # still there for the admitted request
         await task
-        assert served.state is State.UNAVAILABLE and served.reason == "unloaded"
+        assert cast(State, served.state) is State.UNAVAILABLE and served.reason == "unloaded"
         assert served.scheduler is None
         assert repo.index(ready_only=False) == [
             {"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -980,7 +980,9 @@ def test_preserve_ordering_releases_answers_in_arrival_order() -> None:
         async with serving(model, policy, instances=2) as batcher:
             tasks = await submit(batcher, job(1), job(2), job(3))
             for tag, task in enumerate(tasks, start=1):
-                task.add_done_callback(lambda _, tag=tag: finished.append(tag))
+                task.add_done_callback(
+                    cast(Callable[[object], None], lambda _, tag=tag: finished.append(tag))
+                )
             await until(lambda: len(model.executed()) == 3)  # 2 and 3 ran on the free one
             await settle()
             assert {batch.instance for batch in model.batches[:2]} == {0, 1}
@@ -1146,7 +1148,7 @@ def test_requests_with_different_optional_inputs_are_not_merged() -> None:
     """Triton: optional inputs force the same input set; same shapes are not enough."""
     batcher = DynamicBatcher("m", [_FirstInputEcho()], BatchingPolicy(max_batch_size=8))
 
-    async def scenario() -> list[dict[str, np.ndarray]]:
+    async def scenario() -> Sequence[dict[str, np.ndarray]]:
         busy = asyncio.ensure_future(
             batcher.execute(Job({"A": np.ones((1, 4), np.float32)}, ["OUT"]))
         )

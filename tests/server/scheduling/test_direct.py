@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import pytest
@@ -108,7 +109,9 @@ def test_waiting_requests_get_the_instance_in_order_of_arrival_and_cancelled_one
         instance.gate.set()
         done = await asyncio.gather(*tasks, return_exceptions=True)
         assert isinstance(done[2], asyncio.CancelledError)
-        assert [int(d["y"][0]) for i, d in enumerate(done) if i != 2] == [0, 1, 3]
+        assert [
+            int(cast("dict[str, np.ndarray]", d)["y"][0]) for i, d in enumerate(done) if i != 2
+        ] == [0, 1, 3]
         assert instance.ran == [0, 1, 3]
         assert scheduler.pending == 0
 

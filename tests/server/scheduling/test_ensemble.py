@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -38,7 +38,7 @@ class Runner:
             await asyncio.sleep(self.delay)
             if model_name == "bad":
                 raise InvalidArgument("unexpected shape")
-            total = sum(inputs.values())
+            total = cast(np.ndarray, sum(inputs.values()))
             return StepResult({"Y": total + 1}, 1, 10, 100)
         finally:
             self.running -= 1

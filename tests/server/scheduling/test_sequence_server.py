@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -329,7 +330,7 @@ def test_grpc_refusals(server: ServerProcess) -> None:
                 setattr(request.parameters[key], kind, value)
             with pytest.raises(Exception) as caught:
                 stub.ModelInfer(request)
-            return str(caught.value.details())
+            return str(cast(grpc.RpcError, caught.value).details())
 
         assert infer(sequence_id=("double_param", 1.0)) == (
             "invalid value type for 'sequence_id' parameter, expected int64_param, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ def test_null_over_http_and_empty_over_grpc_clear() -> None:
 
 
 def test_the_trace_file_cannot_be_changed() -> None:
+    attempt: Callable[[], object]
     for attempt in (lambda: api.from_json({"trace_file": None}),
                     lambda: _grpc(trace_file=["x"])):
         with pytest.raises(Unsupported, match=api.FILE_REFUSED):
