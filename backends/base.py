@@ -140,6 +140,36 @@ class ModelInstance(ABC):
         """Release what the instance holds (sessions, device memory); a no-op by default."""
 
 
+class PartsInstance(ModelInstance):
+    """An instance whose one way to run is ``execute_parts``: a request run alone is a batch
+    of one part per input (GPU instances, python models)."""
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        return self.execute_parts(_one_part_each(inputs), output_names)
+
+    def execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        memory: OutputMemory,
+    ) -> dict[str, np.ndarray]:
+        return self.execute_parts(_one_part_each(inputs), output_names, memory)
+
+    @abstractmethod
+    def execute_parts(
+        self,
+        parts: Mapping[str, Sequence[Any]],
+        output_names: Sequence[str],
+        memory: OutputMemory | None = None,
+    ) -> dict[str, np.ndarray]: ...
+
+
+def _one_part_each(inputs: Mapping[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    return {name: [array] for name, array in inputs.items()}
+
+
 class Backend(ABC):
     """A kind of model file (ONNX via ONNX Runtime, ...)."""
 

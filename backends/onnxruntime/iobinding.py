@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from backends.base import ModelInstance
+from backends.base import ModelInstance, PartsInstance
 from backends.onnxruntime.ort_types import BF16, ONNX_BFLOAT16, ORT_DTYPES, ort_value_to_numpy
 from backends.onnxruntime.strings import strings_to_bytes
 from server.cuda.copies import (
@@ -230,7 +230,7 @@ class CudaDevice:
         self._held.clear()
 
 
-class IoBindingInstance(ModelInstance):
+class IoBindingInstance(PartsInstance):
     """One ONNX Runtime session run with ``run_with_iobinding`` on a ``BoundDevice``."""
 
     def __init__(
@@ -249,21 +249,6 @@ class IoBindingInstance(ModelInstance):
         self.joins_on_device = device.joins_on_device
         # A GPU run waits for its stream: never on the event loop, whichever scheduler.
         self.may_run_inline = not device.joins_on_device
-
-    def execute(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
-
-    def execute_into(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: Sequence[str],
-        memory: OutputMemory,
-    ) -> dict[str, np.ndarray]:
-        return self.execute_parts(
-            {name: [array] for name, array in inputs.items()}, output_names, memory
-        )
 
     def close(self) -> None:
         """Let go of the binding and the session (the fallback shares it) now: a GPU session

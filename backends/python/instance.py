@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import ModelInstance
+from backends.base import PartsInstance
 from backends.python.cuda import CudaPlacement
 from backends.python.loading import ModelSource, forget_module
 from server.cuda.copies import joined_on_host
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 UserExecute = Callable[[dict[str, Any]], object]
 
 
-class PythonInstance(ModelInstance):
+class PythonInstance(PartsInstance):
     """Calls ``execute`` of one ``TensorgateModel`` object, on the host or on its GPU."""
 
     # User code always runs on the instance's worker thread: it may block now and then, or
@@ -51,21 +51,6 @@ class PythonInstance(ModelInstance):
         self._outputs = dict(outputs)
         self._gpu = gpu
         self.joins_on_device = gpu is not None
-
-    def execute(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return self.execute_parts({name: [array] for name, array in inputs.items()}, output_names)
-
-    def execute_into(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: Sequence[str],
-        memory: OutputMemory,
-    ) -> dict[str, np.ndarray]:
-        return self.execute_parts(
-            {name: [array] for name, array in inputs.items()}, output_names, memory
-        )
 
     def execute_parts(
         self,
