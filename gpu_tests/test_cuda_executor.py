@@ -97,7 +97,8 @@ def test_a_large_output_is_copied_from_the_device_into_the_result_arena(tmp_path
     (pinned there): the device-to-host copy lands in one, where the front end writes it to the
     client from, and nowhere else."""
     path = make_models.save(make_models.identity("FP32", ["batch", -1]), tmp_path / "id.onnx")
-    backend = OnnxRuntimeBackend({}, DevicePools(lambda device: 64 << 20), HostBufferPool())
+    host_pool = HostBufferPool()
+    backend = OnnxRuntimeBackend({}, DevicePools(lambda device: 64 << 20), host_pool)
     gpu = backend.load_instance(path, text_format.Parse(IDENTITY, mc.ModelConfig()), GPU)
     x = np.random.default_rng(2).standard_normal((1, 4 << 20)).astype(np.float32)  # 16 MiB
     with Arena.create(64 << 20) as arena:
@@ -110,6 +111,7 @@ def test_a_large_output_is_copied_from_the_device_into_the_result_arena(tmp_path
             np.testing.assert_array_equal(got, x)
             assert outbox.offset_of(got) is not None, "fetched into the arena"
             assert allocator.bytes_in_use == x.nbytes
+            assert host_pool.stats().allocations == 0, "and into no pool buffer"
             del got
             lent.reclaim()
             assert allocator.bytes_in_use == 0

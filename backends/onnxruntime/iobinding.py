@@ -218,8 +218,8 @@ class CudaDevice:
             if nbytes == 0:  # ORT allocates nothing for an empty tensor (null pointer)
                 results.append(np.empty(shape, dtype=dtype))
                 continue
-            memory = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
-            device = cupy.ndarray(shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(memory, 0))
+            held = cupy.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
+            device = cupy.ndarray(shape, storage_dtype(dtype), cupy.cuda.MemoryPointer(held, 0))
             results.append(fetch(device, dtype, self.stream, self._host_pool, memory))
 
     def abandon(self) -> None:

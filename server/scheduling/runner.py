@@ -86,7 +86,9 @@ class InstanceRunner:
     ) -> dict[str, np.ndarray]:
         """Execute once; the caller guarantees no other execution uses this instance. A
         large request's outputs may go into ``memory``; a small one is not offered it (its
-        outputs are seldom large, and the offer costs microseconds of every small request).
+        outputs are seldom large, and the offer costs microseconds of every small request),
+        except to an instance that joins on the device: a GPU takes it only for an output of
+        64 KiB or more, which it copies back from the device anyway.
 
         If the caller is cancelled while the worker thread runs, the cancellation comes
         through once the thread is done: the inputs (views of the request buffer) and the
@@ -94,7 +96,8 @@ class InstanceRunner:
         """
         small = request_bytes(inputs) <= SMALL_REQUEST_BYTES
         if small:
-            memory = None
+            if not self.instance.joins_on_device:
+                memory = None
             if self.small_runs_inline and self.instance.may_run_inline:
                 if not self._inline:
                     self._inline, self._slow_count = True, 0

@@ -20,6 +20,8 @@ from backends.onnxruntime.backend import OnnxRuntimeInstance, _signature
 from backends.onnxruntime.iobinding import CudaDevice, HostDevice, IoBindingInstance
 from backends.onnxruntime.ort_types import ONNX_BFLOAT16
 from scripts import make_models
+from server.ipc.tensors import LentBlocks, Outbox
+from server.memory.arena import ArenaAllocator
 from server.memory.host_pool import HostBufferPool
 from tests.fake_cupy import FakeArray, FakeCupy
 
@@ -129,6 +131,63 @@ def test_bf16_is_held_as_uint16_and_bound_as_bf16(fake: FakeCupy) -> None:
     assert binding.inputs["h"][2:4] == (ONNX_BFLOAT16, [2, 2])
     held = device._buffers["h"].host.view(np.uint16)[:4].reshape(2, 2)
     np.testing.assert_array_equal(held.view(ml_dtypes.bfloat16), np.concatenate([values] * 2))
+
+
+class DeviceValue:
+    """An output ONNX Runtime left on the GPU (an ``OrtValue``): its bytes are numpy here."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def device_name(self) -> str:
+        return "Cuda"
+
+    def data_type(self) -> str:
+        return "tensor(float)"
+
+    def shape(self) -> list[int]:
+        return list(self.array.shape)
+
+    def data_ptr(self) -> int:
+        return int(self.array.ctypes.data)
+
+
+def _reads_device_values(fake: FakeCupy) -> None:
+    """Give the stand-in what ``CudaDevice.fetch`` wraps an output's device memory with."""
+
+    def wrap(shape: tuple[int, ...], dtype: Any, pointer: DeviceValue) -> FakeArray:
+        return FakeArray(pointer.array.view(dtype).reshape(shape), fake.events)
+
+    fake.cuda.UnownedMemory = lambda ptr, size, owner, device_id: owner
+    fake.cuda.MemoryPointer = lambda memory, offset: memory
+    fake.ndarray = wrap  # type: ignore[assignment]
+
+
+def test_outputs_are_fetched_into_the_memory_offered_or_the_pool(fake: FakeCupy) -> None:
+    """A large output of a run offered memory comes back into it (the result arena, in the
+    executor), a small one into numpy memory; without an offer a large one goes to the pool.
+    Every copy has landed when fetch returns."""
+    device, _ = _device(fake)
+    allocator = ArenaAllocator(1 << 20)
+    outbox = Outbox(np.zeros(1 << 20, np.uint8), allocator.allocate)
+    lent = LentBlocks(outbox, allocator.free)
+    large = np.arange(1 << 14, dtype=np.float32).reshape(2, 1 << 13)  # 64 KiB
+    small = np.ones((1, 4), np.float32)
+    values: Any = [DeviceValue(large), DeviceValue(small)]
+    _reads_device_values(fake)
+    fake.events.clear()
+    got_large, got_small = device.fetch(values, lent)
+    assert fake.events == [
+        "device 0 on", "to host", "to host", "synchronize", "device 0 off"
+    ]
+    np.testing.assert_array_equal(got_large, large)
+    np.testing.assert_array_equal(got_small, small)
+    assert outbox.offset_of(got_large) is not None and allocator.bytes_in_use == large.nbytes
+    assert outbox.offset_of(got_small) is None
+    lent.reclaim()
+    pooled, _ = device.fetch(values)
+    np.testing.assert_array_equal(pooled, large)
+    assert outbox.offset_of(pooled) is None and allocator.bytes_in_use == 0
 
 
 def test_after_a_failure_the_stream_is_waited_for_and_inputs_let_go(fake: FakeCupy) -> None:

@@ -146,7 +146,9 @@ def test_a_large_device_output_is_copied_into_the_memory_offered(
     lent = LentBlocks(outbox, allocator.free)
     inputs = _inputs(b"a")
     inputs["INPUT0"] = np.full((2, 8192), 1.5, np.float32)  # 64 KiB out
+    fake.events.clear()
     result = instance.execute_into(inputs, ["OUTPUT0", "TYPES"], lent)
+    assert fake.events.count("to host") == 1
     np.testing.assert_array_equal(result["OUTPUT0"], np.full((2, 8192), 3.0, np.float32))
     assert outbox.offset_of(result["OUTPUT0"]) is not None
     assert allocator.bytes_in_use == 1 << 16

@@ -93,11 +93,12 @@ def test_without_room_in_the_memory_offered_an_output_goes_to_the_pool() -> None
 
 def test_small_outputs_are_neither_pooled_nor_put_in_the_memory_offered() -> None:
     fake = FakeCupy()
+    pool = HostBufferPool()
     lent, _, allocator = _lent(1 << 20)
-    host = fetch(fake.device_array(np.ones(3, np.float32)), np.dtype(np.float32), None,
-                 HostBufferPool(), lent)
+    host = fetch(fake.device_array(np.ones(3, np.float32)), np.dtype(np.float32), None, pool,
+                 lent)
     np.testing.assert_array_equal(host, [1, 1, 1])
-    assert allocator.bytes_in_use == 0
+    assert allocator.bytes_in_use == 0 and pool.stats().allocations == 0
 
 
 def test_small_outputs_are_not_pooled() -> None:

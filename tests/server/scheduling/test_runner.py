@@ -224,3 +224,20 @@ def test_only_large_requests_are_offered_memory_for_their_outputs() -> None:
     event_loop.run(scenario())
     assert instance.offered == [False] * 10 + [True, False, True]
     runner.close()
+
+
+def test_an_instance_that_joins_on_the_device_is_offered_memory_for_small_requests_too() -> None:
+    """A GPU copies its outputs back from the device whatever the request's size: a small
+    request with a large output (a generator's) gets them into the memory offered too."""
+    instance = OfferedInstance()
+    instance.joins_on_device = True
+    instance.may_run_inline = False
+    runner = InstanceRunner("offer-gpu-0", instance)
+
+    async def scenario() -> None:
+        for _ in range(10):
+            await runner.run({"x": np.zeros(16, dtype=np.uint8)}, ["y"], Memory())
+
+    event_loop.run(scenario())
+    assert instance.offered == [True] * 10
+    runner.close()
