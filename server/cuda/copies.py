@@ -99,14 +99,12 @@ def fetch(
     an array of ``memory`` when offered and it has room (a block of the executor's result arena,
     pinned: the answer is then written to the client from where the device put it, with no
     second host copy), else a buffer of ``pool``."""
+    host = None
     if device.nbytes < SMALL_OUTPUT_BYTES:
         host = np.empty(device.shape, dtype=dtype)
-        device.get(stream=stream, out=host.view(device.dtype), blocking=False)
-        return host
-    offered = None if memory is None else memory.allocate(dtype, tuple(device.shape))
-    if offered is not None:
-        device.get(stream=stream, out=offered.view(device.dtype), blocking=False)
-        return offered
-    host = pool.array(device.nbytes).view(dtype).reshape(device.shape)
+    elif memory is not None:
+        host = memory.allocate(dtype, device.shape)
+    if host is None:
+        host = pool.array(device.nbytes).view(dtype).reshape(device.shape)
     device.get(stream=stream, out=host.view(device.dtype), blocking=False)
     return host
