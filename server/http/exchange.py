@@ -50,8 +50,6 @@ class Exchange(httputil.HTTPConnection):
         self._headers = headers
         service = connection.service
         self.max_body_size = service.max_body_size
-        self._body_timeout: float | None = service.body_timeout_secs
-        self._body_timer: asyncio.TimerHandle | None = None
         self._received = 0
         self._length: int | None = None  # Content-Length, once the headers are delivered
         self._sink: BodySink | None = None
@@ -97,12 +95,9 @@ class Exchange(httputil.HTTPConnection):
                 self._input_error("Content-Length too long")
                 return
             self._length = size
-        if self._body_timeout is not None and (
-            length not in (None, "0") or "Transfer-Encoding" in headers
-        ):
-            self._body_timer = self.loop.call_later(
-                self._body_timeout, self._body_timed_out
-            )
+        timeout = self.connection.service.body_timeout_secs
+        if timeout is not None and (length not in (None, "0") or "Transfer-Encoding" in headers):
+            self.connection.start_body_clock(timeout, self._body_timed_out)
 
     def body(self, chunk: bytes) -> Awaitable[None] | None:
         self._received += len(chunk)
@@ -161,14 +156,11 @@ class Exchange(httputil.HTTPConnection):
         self._sink = None
 
     def _body_timed_out(self) -> None:
-        self._body_timer = None
         gen_log.info("Timeout reading body from %s", self.context)
         self.connection.fail()
 
     def _stop_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self.connection.stop_body_clock()
 
     def _input_error(self, reason: str) -> None:
         self._stop_body_timer()
@@ -178,9 +170,6 @@ class Exchange(httputil.HTTPConnection):
 
     def set_close_callback(self, callback: Callable[[], None] | None) -> None:
         self._close_callback = callback
-
-    def set_body_timeout(self, timeout: float | None) -> None:
-        self._body_timeout = timeout
 
     def set_max_body_size(self, max_body_size: int) -> None:
         self.max_body_size = max_body_size

@@ -24,7 +24,7 @@ from urllib.parse import unquote_to_bytes
 
 import orjson
 from tornado import httputil
-from tornado.log import access_log, gen_log
+from tornado.log import access_log
 
 from server import compression, eager
 from server.errors import InferenceServerError, InvalidArgument, Unsupported, reported
@@ -64,7 +64,6 @@ class InferService:
         self.pool = pool
         self.max_input_size = settings.http_max_input_size
         self.max_inflight_bytes = settings.http_max_inflight_bytes
-        self.body_timeout_secs = settings.http_body_timeout_secs
         self.headers = HeaderCache()
         self._date_second = -1
         self._date = ""
@@ -102,7 +101,6 @@ class InferExchange:
         self._encoding: str | None = None
         self._receiver: http_body.BodyReceiver | None = None
         self._task: asyncio.Task[None] | None = None
-        self._body_deadline: asyncio.TimerHandle | None = None
         self._drained_refusal = False
         self._headers_written = False
         self._finished = False
@@ -120,12 +118,6 @@ class InferExchange:
         self._headers = headers
         # Told when the client goes away while its answer is being made.
         self._connection.set_close_callback(self.on_connection_close)
-        # Tornado's body timeout, on a plain timer: its gen.with_timeout around the body
-        # read (a Task, two futures, a timeout) costs 10 µs of CPU per request.
-        self._connection.set_body_timeout(None)
-        self._body_deadline = self._connection.loop.call_later(
-            self._service.body_timeout_secs, self._body_timed_out
-        )
         try:
             self._prepare(headers)
         except Exception as exc:  # noqa: BLE001 - a fault here is answered like any other
@@ -184,20 +176,9 @@ class InferExchange:
             self._release()
             self._send_error(exc)
 
-    def _body_timed_out(self) -> None:
-        # As Tornado does: the connection is closed, and on_connection_close follows.
-        gen_log.info("Timeout reading body from %s", self._connection.context)
-        self._connection.close()
-
-    def _body_read(self) -> None:
-        if self._body_deadline is not None:
-            self._body_deadline.cancel()
-            self._body_deadline = None
-
     def finish(self) -> None:
         """The whole body is in: serve it (Tornado calls this only while unanswered)."""
         self._received = (self._received[0], time.perf_counter_ns())
-        self._body_read()
         if self._drained_refusal:  # answered in headers_received; the body has been dropped
             self._end()
         elif self._receiver is not None:
@@ -221,7 +202,6 @@ class InferExchange:
     def on_connection_close(self) -> None:
         """The client went away: drop its request (a queued one never runs). The buffer is
         released once the task is done, or here if there is none."""
-        self._body_read()
         if self._task is None:
             self._release()
         else:

@@ -296,9 +296,6 @@ class _Connection:
     def set_close_callback(self, callback: Callable[[], None] | None) -> None:
         self.close_callback = callback
 
-    def set_body_timeout(self, timeout: float | None) -> None:
-        pass
-
     def receive_into(self, sink: object) -> None:
         pass
 
