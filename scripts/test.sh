@@ -6,9 +6,14 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
-.venv/bin/python -m pytest -n 2 "$@"
-# Again in the other process layout (the run above takes the default: front ends and an
-# executor wherever there are 2 or more cores). Only for the whole suite.
+# The test modules whose servers take the process layout from TENSORGATE_TEST_FRONTENDS are
+# noted as they run (tests/server_process.py).
+layouts=$(mktemp)
+trap 'rm -f "$layouts"' EXIT
+TENSORGATE_TEST_LAYOUT_LOG=$layouts .venv/bin/python -m pytest -n 2 "$@"
+# Those modules again in the other process layout (the run above takes the default: front
+# ends and an executor wherever there are 2 or more cores). Only after the whole suite.
 if [[ $# -eq 0 ]]; then
-    TENSORGATE_TEST_FRONTENDS=0 .venv/bin/python -m pytest -n 2 -q tests
+    mapfile -t modules < <(sort -u "$layouts")
+    TENSORGATE_TEST_FRONTENDS=0 .venv/bin/python -m pytest -n 2 -q "${modules[@]:-tests}"
 fi

@@ -12,7 +12,7 @@ import pytest
 
 from server import logs
 from tests.model_repos import build_datatype_repository
-from tests.server_process import EXAMPLES, ServerProcess, start_server
+from tests.server_process import EXAMPLES, ServerProcess, record_layout_module, start_server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,6 +22,13 @@ def pytest_configure(config: pytest.Config) -> None:
     wait in vain. A handler, unlike "ignored", is not inherited across exec."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of the session's ``server`` follows the layout of the run (``server_process``
+    notes the modules that start servers of their own)."""
+    if "server" in getattr(item, "fixturenames", ()):
+        record_layout_module(item.nodeid)
 
 
 @pytest.fixture(scope="session")

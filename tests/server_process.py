@@ -29,6 +29,21 @@ _GRPC_STARTED = re.compile(r"Started GRPCInferenceService at \S+:(\d+)")
 _METRICS_STARTED = re.compile(r"Started Metrics Service at \S+:(\d+)")
 # One intra-op thread per session: the test machines have two cores.
 DEFAULT_ARGS = ("--backend-config=onnxruntime,intra_op_thread_count=1",)
+#: A file that ``record_layout_module`` appends to (set by ``scripts/test.sh``).
+LAYOUT_LOG = "TENSORGATE_TEST_LAYOUT_LOG"
+
+
+def record_layout_module(nodeid: str | None = None) -> None:
+    """Note the module of test ``nodeid`` (default: the one running) as one whose servers take
+    their process layout from ``TENSORGATE_TEST_FRONTENDS``. ``scripts/test.sh`` runs the
+    modules noted in its first pass again in the other layout, and only those: the rest would
+    run the same code twice (unit tests, servers started with ``--frontends`` of their own or
+    spawned directly)."""
+    path = os.environ.get(LAYOUT_LOG)
+    nodeid = os.environ.get("PYTEST_CURRENT_TEST", "") if nodeid is None else nodeid
+    if path and nodeid:
+        with open(path, "a", encoding="utf-8") as log:  # one short append per line
+            log.write(nodeid.split("::", 1)[0] + "\n")
 
 
 def _flag_enabled(args: Sequence[str], flag: str) -> bool:
@@ -78,9 +93,10 @@ class ServerProcess:
         # The suites run in both process layouts: TENSORGATE_TEST_FRONTENDS=0 (one process),
         # or N front ends and an executor; unset, the server's own default.
         frontends = os.environ.get("TENSORGATE_TEST_FRONTENDS")
-        if (frontends is not None and script is None
-                and not any(a.startswith("--frontends") for a in args)):
-            args = [*args, f"--frontends={frontends}"]
+        if script is None and not any(a.startswith("--frontends") for a in args):
+            record_layout_module()
+            if frontends is not None:
+                args = [*args, f"--frontends={frontends}"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, *(["-m", "server"] if script is None else [script]), *args],
