@@ -300,8 +300,8 @@ class HttpConnection(asyncio.BufferedProtocol):
     # --- idle connections and slow bodies -------------------------------------------------
 
     def start_body_clock(self, timeout: float, on_timeout: Callable[[], None]) -> None:
-        """Call ``on_timeout`` unless ``stop_body_clock`` is called within ``timeout`` seconds
-        (the body of the request being read has arrived). It shares the connection's idle
+        """Call ``on_timeout``, which ends the connection, unless ``stop_body_clock`` is called
+        within ``timeout`` seconds (the body of the request being read has arrived). It shares the connection's idle
         timer, which is moved only when it would fire too late: none is set per request (a
         timer set and cancelled per request cost 2-3% of a front end's CPU under load)."""
         deadline = self.loop.time() + timeout
@@ -337,9 +337,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self.stop_body_clock()
             self._idle_timer = None
             if on_timeout is not None:
-                on_timeout()
-            if not self.closing():  # (it closes the connection)
-                self._arm_idle_timer(timeout)
+                on_timeout()  # (it ends the connection: no timer is needed any more)
             return
         delay = timeout if since is None else since + timeout - now
         self._arm_idle_timer(delay if deadline is None else min(delay, deadline - now))

@@ -326,6 +326,7 @@ def test_a_later_body_that_stops_coming_is_cut_off_at_its_own_deadline() -> None
         assert await reader.read() == b""
         assert 0.25 <= loop.time() - started < 1.5  # its deadline, not the idle timer's
         writer.close()
+        await serves_a_good_request(port)
 
     run(scenario, idle_timeout_secs=3, body_timeout_secs=0.3)
 
