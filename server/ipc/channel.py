@@ -19,8 +19,8 @@ at c=32, holding the front end's gRPC reads cut its writes to the executor from 
 per request and grew the mean batch from 5 to 7; for simple over gRPC at c=8, holding the
 executor's reads served 5,853/s against 5,468/s (medians of 5), HTTP unchanged.
 
-The first message of a connection travels with an fd (``SCM_RIGHTS``), exchanged on the
-blocking socket before the channel takes it over.
+The first message of a connection travels with an fd (``SCM_RIGHTS``), exchanged before the
+channel takes the socket over.
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ _HANDSHAKE_BYTES = 4096
 
 
 def send_hello(sock: socket.socket, body: bytes, fd: int) -> None:
-    """The first message, with ``fd`` attached (blocking socket)."""
+    """The first message, with ``fd`` attached (a blocking socket, or one with room: the
+    first message is a few bytes on a new connection)."""
     socket.send_fds(sock, [_LENGTH.pack(len(body)) + body], [fd])
 
 
 def receive_hello(sock: socket.socket) -> tuple[bytes, int]:
-    """The first message and the fd that came with it (blocking socket, with a timeout)."""
+    """The first message and the fd that came with it (a blocking socket with a timeout, or
+    one ``wait_readable`` has waited for: the message is sent in one call)."""
     data, fds, _flags, _address = socket.recv_fds(sock, _HANDSHAKE_BYTES, 1)
     if len(data) < _LENGTH.size or not fds:
         for fd in fds:
@@ -61,6 +63,22 @@ def receive_hello(sock: socket.socket) -> tuple[bytes, int]:
         socket.close(fds[0])
         raise ConnectionError("malformed introduction")
     return data[_LENGTH.size :], fds[0]
+
+
+async def wait_readable(sock: socket.socket) -> None:
+    """Until ``sock`` (non-blocking) has something to read, or its end, waiting on the loop."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(sock.fileno())
 
 
 class Channel(asyncio.BufferedProtocol, Generic[Message]):

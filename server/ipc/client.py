@@ -26,7 +26,7 @@ from server.errors import InferenceServerError, InternalError, Unavailable
 from server.generated import grpc_service_pb2 as pb
 from server.generated import model_config_pb2 as mc
 from server.ipc import messages as m
-from server.ipc.channel import Channel, receive_hello, send_hello
+from server.ipc.channel import Channel, receive_hello, send_hello, wait_readable
 from server.ipc.tensors import Outbox, pack, shm_ref, shm_tuple, unpack
 from server.memory.arena import Arena
 from server.protocol.model_spec import ModelSpec
@@ -69,19 +69,26 @@ class ExecutorClient:
 
     async def connect(self, path: str, index: int, arena_fd: int, arena_bytes: int) -> None:
         """Introduce this front end (and its arena) to the executor at ``path``, map the
-        executor's output arena, and start reading."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(None)
+        executor's output arena, and start reading. The executor takes the connection once
+        its models are loaded (front ends start beside it): until then this waits on the loop,
+        where a stop can cancel it, as it could not cancel a thread blocked in ``recv``."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, sock.connect, path)
-        hello = m.encoder().encode(m.Hello("frontend", index, arena_bytes))
-        await loop.run_in_executor(None, send_hello, sock, hello, arena_fd)
-        body, fd = await loop.run_in_executor(None, receive_hello, sock)
-        reply = m.decode_hello(body)
-        # Mapping it pre-faults every page: not on the loop.
-        self._peer_arena = await asyncio.to_thread(
-            Arena.attach, fd, reply.arena_bytes, writable=False
-        )
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, path)
+            hello = m.encoder().encode(m.Hello("frontend", index, arena_bytes))
+            send_hello(sock, hello, arena_fd)  # a few bytes into an empty buffer
+            await wait_readable(sock)
+            body, fd = receive_hello(sock)
+            reply = m.decode_hello(body)
+            # Mapping it pre-faults every page: not on the loop.
+            self._peer_arena = await asyncio.to_thread(
+                Arena.attach, fd, reply.arena_bytes, writable=False
+            )
+        except BaseException:
+            sock.close()
+            raise
         self._peer = self._peer_arena.array
         self._channel = Channel(m.to_front_end_decoder(), self._on_message, self._on_lost)
         await self._channel.attach(sock)

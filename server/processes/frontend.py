@@ -39,7 +39,13 @@ async def serve(settings: Settings, info: ChildInfo) -> int:
     arena = await asyncio.to_thread(Arena.create, request_arena_bytes(settings, info.frontends))
     pool = ArenaPool(arena)
     client = ExecutorClient(Outbox(arena.array, pool.allocator.allocate), pool.allocator.free)
-    await client.connect(info.control_path, info.index, arena.fd, arena.size)
+    # Started beside the executor: this waits until it has loaded its models.
+    log.debug("front end %d waiting for the executor", info.index)
+    if not await shutdown.unless_stopped(
+        client.connect(info.control_path, info.index, arena.fd, arena.size)
+    ):
+        log.info("front end %d stopped before the executor was ready", info.index)
+        return 0
     grpc_server = None
     if info.grpc_fd is not None:
         grpc_server = GrpcServer(

@@ -16,8 +16,13 @@ process holding a CUDA context or grpc's threads. What it owns:
   others idled. The kernel spreads connections among ``SO_REUSEPORT`` sockets by their
   addresses and ports; connections to a front end being restarted wait in its socket's
   backlog meanwhile;
-- the start order: the executor first, and once it is ready (its models loaded) the front ends;
-  when all have said so it logs ``Started HTTPService at ADDR:PORT`` and ``Started
+- the start: every child at once. A front end's own start (its imports, its arena) takes
+  about as long as the executor's imports and loads, so they overlap; on a host with spare
+  cores the front ends' start is hidden. On 2 cores, where the three compete, a server on the
+  example models was ready in 2.0 s (median of 8) against 2.4 s with the front ends started
+  after the executor was ready. A front end connects to the control socket, listening from the outset, and
+  waits there until the executor, its models loaded, takes the connection. When every child
+  has said it is ready the supervisor logs ``Started HTTPService at ADDR:PORT`` and ``Started
   GRPCInferenceService at ADDR:PORT``. A child that exits before it is ready fails the start:
   everything stops, exit status 1;
 - restarts: a front end that dies is started again on the same sockets (after 0.1 s, doubling
@@ -272,16 +277,15 @@ class _Supervisor:
             return SECOND_SIGNAL_STATUS
 
     def _run(self) -> int:
-        # The executor first (it loads the models), then the front ends that connect to it.
-        for phase in ([self._executor], self._frontends):
-            for child in phase:
-                self._start(child)
-            while not all(child.ready for child in phase):
-                self._pump(None)
-                if self._signals:
-                    return self._stop()
-                if self._exited:
-                    return self._failed_start(self._exited[0])
+        children = [self._executor, *self._frontends]
+        for child in children:
+            self._start(child)
+        while not all(child.ready for child in children):
+            self._pump(None)
+            if self._signals:
+                return self._stop()
+            if self._exited:
+                return self._failed_start(self._exited[0])
         if self._sockets.http_port is not None:
             log.info(
                 "Started HTTPService at %s:%d", self._settings.http_address, self._sockets.http_port

@@ -9,8 +9,10 @@
 - ``FAKE_CHILD_STOP_SECS``: a front end takes this long to stop after SIGTERM;
 - ``FAKE_CHILD_IGNORE_TERM=<role><index>``: that child ignores SIGTERM.
 
-A front end answers every connection on the inherited HTTP socket with its PID, and connects
-to the executor's control socket; the executor accepts on the inherited control socket.
+A front end connects to the executor's control socket and, as the real one, is ready only
+once the executor has taken the connection and answered (a SIGTERM meanwhile stops it); then
+it answers every connection on the inherited HTTP socket with its PID. The executor accepts
+on the inherited control socket.
 """
 
 from __future__ import annotations
@@ -51,7 +53,16 @@ def _serve(sock: socket.socket, answer: bytes) -> None:
         connection.close()
 
 
-def _start_serving(info: ChildInfo) -> list[socket.socket]:
+def _executor_answered(client: socket.socket) -> bool:
+    """Until the executor answers on ``client`` (True) or SIGTERM comes (False)."""
+    while not select.select([client], [], [], 0.05)[0]:
+        if signal.sigtimedwait({signal.SIGTERM}, 0):
+            return False
+    return client.recv(64) == b"executor\n"
+
+
+def _start_serving(info: ChildInfo, path: Path) -> list[socket.socket] | None:
+    """The sockets it serves on; None when a SIGTERM came first."""
     kept: list[socket.socket] = []
     if info.role == EXECUTOR:
         assert info.control_fd is not None and info.http_fd is None
@@ -64,6 +75,9 @@ def _start_serving(info: ChildInfo) -> list[socket.socket]:
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         client.connect(info.control_path)
         kept.append(client)
+        _record(path, "waiting")
+        if not _executor_answered(client):
+            return None
         if info.http_fd is not None:
             http = socket.socket(fileno=info.http_fd)
             answer = f"{os.getpid()}\n".encode()
@@ -100,7 +114,12 @@ def main() -> int:
         if signal.sigtimedwait({signal.SIGTERM}, float(os.environ.get("FAKE_CHILD_LOAD_SECS", "0"))):
             _record(path, "sigterm")
             return 0
-    kept = _start_serving(info)
+        _record(path, "loaded")
+    kept = _start_serving(info, path)
+    if kept is None:
+        _record(path, "sigterm")
+        _record(path, "exit")
+        return 0
     report_ready(info)
     report_ready(info)  # a second time does nothing
     _record(path, "ready")

@@ -25,6 +25,7 @@ import pytest
 from scripts import make_models
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
+from tests.model_repos import build_slow_start_repository
 from tests.server.grpc.raw_http2 import RawHttp2Client, grpc_message
 from tests.server_process import ServerProcess, start_server
 
@@ -444,5 +445,27 @@ def test_abandoned_streams_of_large_messages_leave_the_arena_whole(models: Path)
             time.sleep(0.2)
         assert server.request("POST", "/v2/models/simple/infer", _body())[0] == 200
         assert server.stop() == 0
+    finally:
+        server.stop()
+
+
+def test_front_ends_started_beside_a_loading_executor_stop_at_once(tmp_path: Path) -> None:
+    """Front ends start with the executor and wait for it to take their connections; a stop
+    before it has loaded its models ends them at once, not at their exit deadline."""
+    server = start_server(
+        build_slow_start_repository(tmp_path),
+        args=(f"--frontends={FRONTENDS}", "--exit-timeout-secs=3", "--log-verbose=1"),
+        timeout=0,
+    )
+    try:
+        server.wait_for_log("initializing slow_start")
+        for index in range(FRONTENDS):
+            server.wait_for_log(f"front end {index} waiting for the executor")
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0, server.log
+        for index in range(FRONTENDS):
+            server.wait_for_log(f"front end {index} stopped before the executor was ready")
+        assert "did not stop in time" not in server.log and "Started" not in server.log
+        _assert_gone(server)
     finally:
         server.stop()

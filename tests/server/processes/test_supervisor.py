@@ -158,21 +158,30 @@ def start(tmp_path: Path) -> Iterator[Start]:
         supervised.clean_up()
 
 
+def _waiting(server: Supervised, child: str) -> bool:
+    """Whether ``child``'s process waits for the executor to take its connection."""
+    pids = server.pids(child)
+    return bool(pids) and "waiting" in server.events(child, pids[0])
+
+
 def _http_answer(port: int) -> str:
     with socket.create_connection(("127.0.0.1", port), timeout=4) as connection:
         return connection.makefile().readline().strip()
 
 
-def test_executor_first_then_front_ends_then_the_started_lines(start: Start) -> None:
-    server = start()
+def test_every_child_starts_at_once_and_the_started_lines_follow_their_readiness(
+    start: Start,
+) -> None:
+    server = start(FAKE_CHILD_LOAD_SECS="0.5")
     server.started()
     [executor] = server.pids("executor0")
     fronts = [pid for index in (0, 1) for pid in server.pids(f"frontend{index}")]
     assert len(fronts) == 2
-    executor_ready = server.events("executor0", executor)["ready"]
+    loaded = server.events("executor0", executor)["loaded"]
     for index, pid in enumerate(fronts):
+        # started while the executor loaded; ready once it took their connections
         events = server.events(f"frontend{index}", pid)
-        assert events["start"] > executor_ready
+        assert events["start"] < loaded < events["ready"]
     http_port, grpc_port = server.port("HTTPService"), server.port("GRPCInferenceService")
     assert http_port > 0 and grpc_port > 0
     started_at = server.log.index("Started HTTPService")
@@ -308,8 +317,6 @@ def test_a_child_that_fails_at_start_up_stops_everything(start: Start, failing: 
     name = "executor" if failing == "executor0" else "front end 1"
     assert f"error: {name} (pid {pid}) ended during start-up (exit status 3)" in server.log
     assert "Started HTTPService" not in server.log
-    if failing == "executor0":
-        assert not server.pids("frontend0")  # front ends start once the executor is ready
     server.assert_no_child_left()
 
 
@@ -318,10 +325,20 @@ def test_a_signal_during_the_executor_start_up_stops_it(start: Start) -> None:
     _wait_until(lambda: len(server.pids("executor0")) == 1, server.log)
     [executor] = server.pids("executor0")
     _wait_until(lambda: "loading" in server.events("executor0", executor), server.log)
+    for index in (0, 1):  # started beside it, they wait for it to take their connections
+        _wait_until(
+            cast(Callable[[], bool], lambda i=index: _waiting(server, f"frontend{i}")),
+            server.log,
+        )
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0, server.log
     assert "sigterm" in server.events("executor0", executor)
-    assert not server.pids("frontend0") and "Started" not in server.log
+    for index in (0, 1):  # stopped before it
+        [pid] = server.pids(f"frontend{index}")
+        assert server.events(f"frontend{index}", pid)["exit"] < server.events(
+            "executor0", executor
+        )["sigterm"]
+    assert "Started" not in server.log
     server.assert_no_child_left()
 
 
