@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# Bytecode for the sources, once: every server a test starts is 1-4 fresh interpreters, and
+# where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) each compiled every module of
+# the project again (0.3-0.4 s of CPU per process). pip does this for installed packages.
+.venv/bin/python -m compileall -q -j 0 server backends scripts tests triton_python_backend_utils.py
 # The test modules whose servers take the process layout from TENSORGATE_TEST_FRONTENDS are
 # noted as they run (tests/server_process.py).
 layouts=$(mktemp)
