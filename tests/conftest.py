@@ -26,8 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test of the session's ``server`` follows the layout of the run (``server_process``
-    notes the modules that start servers of their own)."""
-    if "server" in getattr(item, "fixturenames", ()):
+    notes the modules that start servers of their own). A module's own fixture of that name
+    does not count: its server notes itself, unless it sets a layout of its own."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.get("server", ()) if info is not None else ()
+    if definitions and definitions[-1].func.__module__ == __name__:
         record_layout_module(item.nodeid)
 
 
