@@ -44,7 +44,8 @@ def _item(nodeid: str, server_module: str | None) -> Any:
     if server_module is not None:
         fixture.__module__ = server_module
         definitions["server"] = [SimpleNamespace(func=fixture)]
-    return SimpleNamespace(nodeid=nodeid, _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions))
+    fixtures = SimpleNamespace(name2fixturedefs=definitions)
+    return SimpleNamespace(nodeid=nodeid, _fixtureinfo=fixtures)
 
 
 def test_only_the_sessions_server_notes_the_test_using_it(

@@ -82,16 +82,18 @@ class ExecutorClient:
             await wait_readable(sock)
             body, fd = receive_hello(sock)
             reply = m.decode_hello(body)
-            # Mapping it pre-faults every page: not on the loop.
+            # Mapping it pre-faults every page: not on the loop. A failure or a stop from
+            # here on ends the front end: its exit closes the fd, also while a thread still
+            # maps it (closing it here could pull it from under that thread).
             self._peer_arena = await asyncio.to_thread(
                 Arena.attach, fd, reply.arena_bytes, writable=False
             )
+            self._peer = self._peer_arena.array
+            self._channel = Channel(m.to_front_end_decoder(), self._on_message, self._on_lost)
+            await self._channel.attach(sock)
         except BaseException:
             sock.close()
             raise
-        self._peer = self._peer_arena.array
-        self._channel = Channel(m.to_front_end_decoder(), self._on_message, self._on_lost)
-        await self._channel.attach(sock)
         self._connected = True
 
     def close(self) -> None:

@@ -20,11 +20,11 @@ process holding a CUDA context or grpc's threads. What it owns:
   about as long as the executor's imports and loads, so they overlap; on a host with spare
   cores the front ends' start is hidden. On 2 cores, where the three compete, a server on the
   example models was ready in 2.0 s (median of 8) against 2.4 s with the front ends started
-  after the executor was ready. A front end connects to the control socket, listening from the outset, and
-  waits there until the executor, its models loaded, takes the connection. When every child
-  has said it is ready the supervisor logs ``Started HTTPService at ADDR:PORT`` and ``Started
-  GRPCInferenceService at ADDR:PORT``. A child that exits before it is ready fails the start:
-  everything stops, exit status 1;
+  after the executor was ready. A front end connects to the control socket, listening from
+  the outset, and waits there until the executor, its models loaded, takes the connection.
+  When every child has said it is ready the supervisor logs ``Started HTTPService at
+  ADDR:PORT`` and ``Started GRPCInferenceService at ADDR:PORT``. A child that exits before it
+  is ready fails the start: everything stops, exit status 1;
 - restarts: a front end that dies is started again on the same sockets (after 0.1 s, doubling
   to 5 s while it keeps dying young). The executor dying ends the server (the documented
   choice): the front ends have already answered their pending requests 503 / UNAVAILABLE; they
@@ -256,7 +256,7 @@ class _Supervisor:
         self._frontends = [_Child(FRONTEND, index, modules[1]) for index in range(frontends)]
         self._selector = selectors.DefaultSelector()
         self._signals: list[int] = []
-        self._exited: list[_Child] = []  # reaped since the phase last looked
+        self._exited: list[_Child] = []  # reaped since the start or serving loop last looked
         self._wakeup_r, self._wakeup_w = os.pipe()
         os.set_blocking(self._wakeup_r, False)
         os.set_blocking(self._wakeup_w, False)

@@ -58,7 +58,9 @@ def _executor_answered(client: socket.socket) -> bool:
     while not select.select([client], [], [], 0.05)[0]:
         if signal.sigtimedwait({signal.SIGTERM}, 0):
             return False
-    return client.recv(64) == b"executor\n"
+    answer = client.recv(64)
+    assert answer == b"executor\n", answer
+    return True
 
 
 def _start_serving(info: ChildInfo, path: Path) -> list[socket.socket] | None:

@@ -462,9 +462,9 @@ def test_front_ends_started_beside_a_loading_executor_stop_at_once(tmp_path: Pat
         for index in range(FRONTENDS):
             server.wait_for_log(f"front end {index} waiting for the executor")
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(30) == 0, server.log
+        assert server.wait_exit(30) == 0, server.log
         for index in range(FRONTENDS):
-            server.wait_for_log(f"front end {index} stopped before the executor was ready")
+            assert f"front end {index} stopped before the executor was ready" in server.log
         assert "did not stop in time" not in server.log and "Started" not in server.log
         _assert_gone(server)
     finally:

@@ -172,7 +172,7 @@ def _http_answer(port: int) -> str:
 def test_every_child_starts_at_once_and_the_started_lines_follow_their_readiness(
     start: Start,
 ) -> None:
-    server = start(FAKE_CHILD_LOAD_SECS="0.5")
+    server = start(FAKE_CHILD_LOAD_SECS="1.5")
     server.started()
     [executor] = server.pids("executor0")
     fronts = [pid for index in (0, 1) for pid in server.pids(f"frontend{index}")]
