@@ -301,9 +301,10 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def start_body_clock(self, timeout: float, on_timeout: Callable[[], None]) -> None:
         """Call ``on_timeout``, which ends the connection, unless ``stop_body_clock`` is called
-        within ``timeout`` seconds (the body of the request being read has arrived). It shares the connection's idle
-        timer, which is moved only when it would fire too late: none is set per request (a
-        timer set and cancelled per request cost 2-3% of a front end's CPU under load)."""
+        within ``timeout`` seconds (the body of the request being read has arrived). It
+        shares the connection's idle timer, which is moved only when it would fire too late:
+        none is set per request (a timer set and cancelled per request cost 2-3% of a front
+        end's CPU under load)."""
         deadline = self.loop.time() + timeout
         self._body_deadline = deadline
         self._on_body_timeout = on_timeout

@@ -131,13 +131,13 @@ class Exchange(httputil.HTTPConnection):
         return self._received >= self._length
 
     def read_done(self) -> None:
-        self._stop_body_timer()
+        self.connection.stop_body_clock()
         self.read_finished = True
         if not self.write_finished and self.delegate is not None:
             self.call(self.delegate.finish)
 
     def connection_lost(self) -> None:
-        self._stop_body_timer()
+        self.connection.stop_body_clock()
         if self.write_finished:
             return
         if not self.read_finished:
@@ -159,11 +159,8 @@ class Exchange(httputil.HTTPConnection):
         gen_log.info("Timeout reading body from %s", self.context)
         self.connection.fail()
 
-    def _stop_body_timer(self) -> None:
-        self.connection.stop_body_clock()
-
     def _input_error(self, reason: str) -> None:
-        self._stop_body_timer()
+        self.connection.stop_body_clock()
         self.connection.refuse(reason)
 
     # --- httputil.HTTPConnection ----------------------------------------------------------
