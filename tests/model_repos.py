@@ -131,6 +131,22 @@ def build_slow_repository(root: Path, matmuls: int = 24, width: int = 2048) -> P
     return root
 
 
+def build_napping_repository(root: Path, seconds_per_row: float) -> Path:
+    """``slow`` as ``build_slow_repository`` serves it (FP32 [batch, 2048], one instance), but
+    a python model that sleeps ``seconds_per_row`` for each row of a batch: a request that
+    keeps the instance busy for seconds without taking the cores from the tests beside it."""
+    make_models.write_text(
+        'name: "slow"\nbackend: "python"\nmax_batch_size: 256\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2048 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2048 ] } ]\n' + _ONE_INSTANCE,
+        root / "slow" / "config.pbtxt",
+    )
+    make_models.write_text(
+        _NAPPING.replace("SECONDS_PER_ROW", repr(seconds_per_row)), root / "slow" / "1" / "model.py"
+    )
+    return root
+
+
 def slow_http_request(rows: int, request_id: str) -> bytes:
     """A whole raw HTTP request for ``slow`` with ``rows`` rows of ones, binary in and out."""
     width = 2048
@@ -199,6 +215,14 @@ _SLEEPY = """import time
 class TensorgateModel:
     def execute(self, inputs):
         time.sleep(30)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+_NAPPING = """import time
+
+
+class TensorgateModel:
+    def execute(self, inputs):
+        time.sleep(SECONDS_PER_ROW * len(inputs["INPUT0"]))
         return {"OUTPUT0": inputs["INPUT0"]}
 """
 _SLOW_START = """import time

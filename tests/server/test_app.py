@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts import make_models
-from tests.model_repos import build_slow_repository, slow_http_request
+from tests.model_repos import build_napping_repository, slow_http_request
 from tests.server.http.helpers import parse_raw_response, read_response
 from tests.server_process import EXAMPLES, start_server
 
@@ -104,7 +104,8 @@ def test_version_policy_serves_selected_versions(tmp_path: Path) -> None:
 def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path: Path) -> None:
     """A request running when SIGTERM arrives is answered; a new one on an open connection
     gets 503; readiness turns false meanwhile; the exit code is 0."""
-    server = start_server(build_slow_repository(tmp_path, matmuls=120))  # a request of seconds
+    # 256 rows: a request of 2.6 s, asleep (no CPU taken from the tests beside it)
+    server = start_server(build_napping_repository(tmp_path, seconds_per_row=0.01))
     assert server.port is not None, server.log
     keep_alive = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     keep_alive.request("GET", "/v2/health/ready")

@@ -11,15 +11,15 @@ import pytest
 
 from server.generated import grpc_service_pb2 as pb
 from server.generated import grpc_service_pb2_grpc as pb_grpc
-from tests.model_repos import build_slow_repository
+from tests.model_repos import build_napping_repository
 from tests.server_process import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    # Enough work that the busy request outlasts the late one's deadline on a fast machine
-    # (24 MatMuls took 0.25 s there, about the deadline).
-    repository = build_slow_repository(tmp_path_factory.mktemp("slow_grpc"), matmuls=96)
+    # The busy request (256 rows) sleeps 2.6 s on the one instance, far past the late one's
+    # deadline, and leaves the cores to the tests beside it.
+    repository = build_napping_repository(tmp_path_factory.mktemp("slow_grpc"), 0.01)
     process = start_server(repository, args=("--log-verbose=1",))
     assert process.port is not None, process.log
     yield process

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.model_repos import build_slow_repository, slow_http_request
+from tests.model_repos import build_napping_repository, slow_http_request
 from tests.server.http.helpers import (
     error_of,
     json_input,
@@ -48,7 +48,8 @@ def test_model_fault_is_500_logged_and_the_model_keeps_serving(
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process = start_server(
-        build_slow_repository(tmp_path_factory.mktemp("slow")), args=("--log-verbose=1",)
+        # the busy request (256 rows) sleeps 2.6 s on the one instance
+        build_napping_repository(tmp_path_factory.mktemp("slow"), 0.01), args=("--log-verbose=1",)
     )
     assert process.port is not None, process.log
     yield process
