@@ -565,7 +565,7 @@ class DataPlane:
     ) -> None:
         # Opening an IPC handle is a blocking driver call (it may create a CUDA context).
         await run_in_thread(
-            None, self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size
+            self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size
         )
 
     async def shm_unregister(self, kind: str, name: str) -> None:

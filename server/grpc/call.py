@@ -416,7 +416,7 @@ class Call:
         if not flag:
             return message
         assert isinstance(message, OWN_BYTES)  # (compressed messages are not pooled)
-        return await run_in_thread(None, self._inflate, message)
+        return await run_in_thread(self._inflate, message)
 
     def _inflate(self, message: Message) -> bytes:
         encoding = self.head.encoding
@@ -693,7 +693,7 @@ async def _compressed(payload: Payload, encoding: str) -> tuple[Payload, bool]:
     try:
         if payload_size(payload) > COMPRESS_ON_LOOP_BYTES:
             # (the thread is waited for, also when cancelled: the views outlive it)
-            packed = await run_in_thread(None, compression.grpc_compress, parts, encoding)
+            packed = await run_in_thread(compression.grpc_compress, parts, encoding)
         else:
             packed = compression.grpc_compress(parts, encoding)
     except BaseException:

@@ -232,7 +232,7 @@ class InferExchange:
         if self._encoding is not None:
             # zlib releases the GIL: inflate off the event loop.
             inflated = await run_in_thread(
-                None, http_body.decompress, body, self._encoding, service.max_input_size
+                http_body.decompress, body, self._encoding, service.max_input_size
             )
             body = memoryview(inflated)
         header_length = binary.parse_header_length(
@@ -272,7 +272,7 @@ class InferExchange:
             fields.append(("Content-Encoding", encoding))
             # zlib releases the GIL: deflate off the event loop.
             # run_in_thread: the parts may view the request buffer, released once this returns.
-            compressed = await run_in_thread(None, compression.compress, parts, encoding)
+            compressed = await run_in_thread(compression.compress, parts, encoding)
             self._answer(200, "OK", fields, compressed)
             return
         if encoded.size <= _SMALL_RESPONSE:

@@ -1,9 +1,9 @@
 """Runs executions on a model instance: on its worker thread, or inline when that is cheaper.
 
 Each instance has one worker thread (ONNX Runtime releases the GIL while it runs), so a slow
-model never stalls the event loop. Handing an execution to a thread and back costs about
-0.2-0.3 ms of CPU on our 2-core machines (executor queue, thread wake-up, GIL hand-over,
-loop wake-up), while small models run in 10 µs. So the runner times the executions of small
+model never stalls the event loop. Handing an execution to the thread and back costs 37-48 µs
+of CPU on a quiet 2-core VM (``scripts/bench_thread_hop.py``) and several times that under
+load (thread wake-up, GIL hand-over, loop wake-up), while small models run in 10 µs. So the runner times the executions of small
 requests and, once a model has shown that it runs those in well under that cost, runs small
 requests on the event loop; if they slow down, the timings send them back to the thread.
 Large requests (by input size) always go to the thread, whatever the model's history.
@@ -25,14 +25,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backends.base import ModelInstance, RequestResult
 from server.memory.output_memory import OutputMemory
-from server.threads import run_in_thread
+from server.threads import WorkerThread
 
 if TYPE_CHECKING:
     from server.scheduling.job import Job
@@ -63,7 +62,7 @@ class InstanceRunner:
 
     def __init__(self, name: str, instance: ModelInstance) -> None:
         self.instance = instance
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._thread = WorkerThread(name)
         self._thread_runs: deque[float] = deque(maxlen=_WARMUP_RUNS)  # the latest ones
         self._inline_slow: deque[bool] = deque(maxlen=INLINE_WINDOW)  # since going inline
         self._slow_count = 0  # True entries in _inline_slow
@@ -106,9 +105,7 @@ class InstanceRunner:
             if self._inline:  # inline runs slowed down: judge afresh on the thread
                 self._inline = False
                 self._thread_runs.clear()
-        return await run_in_thread(
-            self._thread, self._timed, inputs, output_names, small, memory
-        )
+        return await self._thread.run(self._timed, inputs, output_names, small, memory)
 
     async def run_batch(
         self,
@@ -127,7 +124,7 @@ class InstanceRunner:
                 return finish(self.instance.execute(inputs, output_names))
             return finish(self.instance.execute_into(inputs, output_names, memory))
 
-        return await run_in_thread(self._thread, work)
+        return await self._thread.run(work)
 
     async def run_parts(
         self,
@@ -138,9 +135,7 @@ class InstanceRunner:
         """A batch joined by the instance itself (``joins_on_device``), on its worker thread:
         the host-to-device copies and the stream waits are blocking work. Its outputs may be
         copied back into ``memory``. Cancellation waits as in ``run``."""
-        return await run_in_thread(
-            self._thread, self.instance.execute_parts, parts, output_names, memory
-        )
+        return await self._thread.run(self.instance.execute_parts, parts, output_names, memory)
 
     async def run_requests(self, jobs: Sequence[Job]) -> list[RequestResult]:
         """The jobs' requests one by one (``takes_requests``), on the worker thread. A caller
@@ -152,9 +147,7 @@ class InstanceRunner:
                 job.cancelled = True
 
         requests = [job.instance_request() for job in jobs]
-        return await run_in_thread(
-            self._thread, self.instance.execute_requests, requests, on_cancel=cancel
-        )
+        return await self._thread.run(self.instance.execute_requests, requests, on_cancel=cancel)
 
     async def ready(self) -> bool:
         """The instance's own readiness check, off the loop and beside its executions; one
@@ -212,15 +205,15 @@ class InstanceRunner:
     def close(self, wait: bool = True) -> None:
         """Stop the worker thread and release the instance; ``wait=False`` (a forced stop)
         does not wait for an execution still running."""
-        self._thread.shutdown(wait=wait)
+        self._thread.stop(wait)
         if wait:
             self.instance.close()
 
     async def aclose(self) -> None:
         """Release the instance on its worker thread, then stop the thread: a slow release
         (a Python model's ``finalize``, freeing device memory) never stalls the event loop."""
-        await asyncio.wrap_future(self._thread.submit(self.instance.close))
-        self._thread.shutdown(wait=False)
+        await self._thread.run(self.instance.close)
+        self._thread.stop(wait=False)
 
 
 def consume(future: asyncio.Future[Any]) -> None:
