@@ -20,7 +20,7 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class _Call(Generic[T]):
     function: Callable[..., T]
     args: tuple[object, ...]
     finished: bool = False
-    waiter: asyncio.Future[None] | None = field(default=None)
+    waiter: asyncio.Future[None] | None = None
 
 
 class WorkerThread:

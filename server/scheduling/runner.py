@@ -2,11 +2,12 @@
 
 Each instance has one worker thread (ONNX Runtime releases the GIL while it runs), so a slow
 model never stalls the event loop. Handing an execution to the thread and back costs 37-48 µs
-of CPU on a quiet 2-core VM (``scripts/bench_thread_hop.py``) and several times that under
-load (thread wake-up, GIL hand-over, loop wake-up), while small models run in 10 µs. So the runner times the executions of small
-requests and, once a model has shown that it runs those in well under that cost, runs small
-requests on the event loop; if they slow down, the timings send them back to the thread.
-Large requests (by input size) always go to the thread, whatever the model's history.
+of CPU on a quiet 2-core VM (``scripts/bench_thread_hop.py``), more under load (thread
+wake-up, GIL hand-over, loop wake-up), while small models run in 10 µs. So the runner times
+the executions of small requests and, once a model has shown that it runs those in well under
+that cost, runs small requests on the event loop; if they slow down, the timings send them
+back to the thread. Large requests (by input size) always go to the thread, whatever the
+model's history.
 
 A run timed on the thread includes its waits for the GIL (held by the busy event loop, up to
 the 5 ms switch interval), so on a loaded machine every such timing looks slow and a model
